@@ -1,0 +1,32 @@
+//! fencepost: a durable run ledger for workflow orchestrators and high-fanout dispatchers.
+//!
+//! The core modules (`canonical`, `errors`, ...) are plain Rust and never import pyo3, so
+//! `cargo test --no-default-features` exercises them without libpython. The `python` feature
+//! adds the `fencepost._core` extension module.
+
+pub mod canonical;
+pub mod errors;
+
+#[cfg(feature = "python")]
+pub mod py;
+
+/// The crate version, exported to Python as `fencepost._core.__version__`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The compiled half of the `fencepost` package. Python code imports the typed facade
+/// (`fencepost`), not this module.
+#[cfg(feature = "python")]
+#[pyo3::pymodule(gil_used = false)]
+mod _core {
+    use pyo3::prelude::*;
+
+    #[pymodule_export]
+    use crate::py::{canonical_json, digest};
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", crate::VERSION)?;
+        m.add("MAX_DEPTH", crate::canonical::MAX_DEPTH)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,138 @@
+//! [`LedgerError`] -> the Python exceptions of `fencepost.errors`.
+//!
+//! Each exception is built by calling its Python class with keyword fields (the cryptography
+//! way), so the classes stay plain, typed, picklable Python and own their message text.
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyType};
+
+use crate::errors::LedgerError;
+
+pyo3::import_exception!(fencepost.errors, NotFound);
+pyo3::import_exception!(fencepost.errors, RunNotFound);
+pyo3::import_exception!(fencepost.errors, AmbiguousRunId);
+pyo3::import_exception!(fencepost.errors, InvalidArgument);
+pyo3::import_exception!(fencepost.errors, CanonicalJsonError);
+pyo3::import_exception!(fencepost.errors, ActiveRunExists);
+pyo3::import_exception!(fencepost.errors, RunNotActive);
+pyo3::import_exception!(fencepost.errors, PreparationConflict);
+pyo3::import_exception!(fencepost.errors, ContinuationRefused);
+pyo3::import_exception!(fencepost.errors, LeaseLost);
+pyo3::import_exception!(fencepost.errors, StoreBusy);
+pyo3::import_exception!(fencepost.errors, SchemaError);
+pyo3::import_exception!(fencepost.errors, StoreError);
+
+/// Carries a core error across the detach boundary; converted to the Python exception once
+/// re-attached.
+pub struct PyLedgerError(pub LedgerError);
+
+impl From<LedgerError> for PyLedgerError {
+    fn from(e: LedgerError) -> Self {
+        Self(e)
+    }
+}
+
+impl From<PyLedgerError> for PyErr {
+    fn from(e: PyLedgerError) -> Self {
+        Python::attach(|py| to_pyerr(py, e.0))
+    }
+}
+
+/// Build the Python exception for `err`.
+pub fn to_pyerr(py: Python<'_>, err: LedgerError) -> PyErr {
+    build(py, err).unwrap_or_else(|e| e)
+}
+
+fn build(py: Python<'_>, err: LedgerError) -> PyResult<PyErr> {
+    let kw = PyDict::new(py);
+    let cls: Bound<'_, PyType> = match err {
+        LedgerError::NotFound { kind, key } => {
+            kw.set_item("kind", kind)?;
+            kw.set_item("key", key)?;
+            py.get_type::<NotFound>()
+        }
+        LedgerError::RunNotFound { run_id } => {
+            kw.set_item("run_id", run_id)?;
+            py.get_type::<RunNotFound>()
+        }
+        LedgerError::AmbiguousRunId { prefix, matches } => {
+            kw.set_item("prefix", prefix)?;
+            kw.set_item("matches", matches)?;
+            py.get_type::<AmbiguousRunId>()
+        }
+        LedgerError::InvalidArgument { argument, message } => {
+            kw.set_item("argument", &argument)?;
+            kw.set_item("message", format!("{argument}: {message}"))?;
+            py.get_type::<InvalidArgument>()
+        }
+        LedgerError::CanonicalJson { argument, source } => {
+            kw.set_item("argument", argument)?;
+            kw.set_item("path", source.path())?;
+            kw.set_item("reason", source.reason)?;
+            py.get_type::<CanonicalJsonError>()
+        }
+        LedgerError::ActiveRunExists {
+            scope_key,
+            occupant_run_id,
+        } => {
+            kw.set_item("scope_key", scope_key)?;
+            kw.set_item("occupant_run_id", occupant_run_id)?;
+            py.get_type::<ActiveRunExists>()
+        }
+        LedgerError::RunNotActive { run_id, status } => {
+            kw.set_item("run_id", run_id)?;
+            kw.set_item("status", status)?;
+            py.get_type::<RunNotActive>()
+        }
+        LedgerError::PreparationConflict { run_id, fields } => {
+            kw.set_item("run_id", run_id)?;
+            kw.set_item("fields", fields)?;
+            py.get_type::<PreparationConflict>()
+        }
+        LedgerError::ContinuationRefused {
+            parent_run_id,
+            reason,
+        } => {
+            kw.set_item("parent_run_id", parent_run_id)?;
+            kw.set_item("reason", reason)?;
+            py.get_type::<ContinuationRefused>()
+        }
+        LedgerError::LeaseLost {
+            run_id,
+            expected_generation,
+            actual_generation,
+        } => {
+            kw.set_item("run_id", run_id)?;
+            kw.set_item("expected_generation", expected_generation)?;
+            kw.set_item("actual_generation", actual_generation)?;
+            py.get_type::<LeaseLost>()
+        }
+        LedgerError::StoreBusy { waited_ms, retries } => {
+            kw.set_item("waited_ms", waited_ms)?;
+            kw.set_item("retries", retries)?;
+            py.get_type::<StoreBusy>()
+        }
+        LedgerError::Schema {
+            database_version,
+            library_version,
+        } => {
+            kw.set_item("database_version", database_version)?;
+            kw.set_item("library_version", library_version)?;
+            py.get_type::<SchemaError>()
+        }
+        LedgerError::Store { operation, message } => {
+            kw.set_item("operation", operation)?;
+            kw.set_item("message", message)?;
+            py.get_type::<StoreError>()
+        }
+    };
+    let instance = cls.call((), Some(&kw))?;
+    if instance.is_instance_of::<pyo3::exceptions::PyBaseException>() {
+        Ok(PyErr::from_value(instance))
+    } else {
+        Err(PyRuntimeError::new_err(
+            "fencepost.errors class did not build an exception",
+        ))
+    }
+}

@@ -25,7 +25,7 @@ pub const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
 pub const MAX_DEPTH: usize = 512;
 
 /// A JSON value ready to be canonicalized. Object members keep insertion order until
-/// [`to_vec`] sorts them.
+/// the writer sorts them.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     /// `null`
@@ -101,7 +101,7 @@ fn render_path(segments: &[PathSegment]) -> String {
             }
             PathSegment::Key(k) => {
                 let mut quoted = Vec::with_capacity(k.len() + 2);
-                write_string(&mut quoted, k);
+                write_string(&mut quoted, k.as_bytes());
                 out.push('[');
                 out.push_str(&String::from_utf8_lossy(&quoted));
                 out.push(']');
@@ -152,12 +152,11 @@ pub fn check_float(value: f64) -> Result<Value, CanonicalError> {
 /// 0xF0..=0xF4): in UTF-16 the latter starts with a surrogate (0xD800..) and sorts first. Only
 /// the first differing byte matters; if it is a continuation byte, both characters share their
 /// lead byte and hence their UTF-16 class.
-pub fn cmp_utf16(left: &str, right: &str) -> Ordering {
-    let (lb, rb) = (left.as_bytes(), right.as_bytes());
-    let Some(at) = lb.iter().zip(rb).position(|(l, r)| l != r) else {
-        return lb.len().cmp(&rb.len());
+pub fn cmp_utf16(left: &[u8], right: &[u8]) -> Ordering {
+    let Some(at) = left.iter().zip(right).position(|(l, r)| l != r) else {
+        return left.len().cmp(&right.len());
     };
-    let (l, r) = (lb[at], rb[at]);
+    let (l, r) = (left[at], right[at]);
     let high_bmp = |byte: u8| byte == 0xEE || byte == 0xEF;
     let supplementary = |byte: u8| byte >= 0xF0;
     if (high_bmp(l) && supplementary(r)) || (supplementary(l) && high_bmp(r)) {
@@ -167,88 +166,405 @@ pub fn cmp_utf16(left: &str, right: &str) -> Ordering {
     }
 }
 
-/// Sort every object's members, recursively, into canonical order.
-fn sort_members(value: &mut Value) {
-    match value {
-        Value::Array(items) => items.iter_mut().for_each(sort_members),
-        Value::Object(members) => {
-            members.sort_unstable_by(|(a, _), (b, _)| cmp_utf16(a, b));
-            for (_, v) in members.iter_mut() {
-                sort_members(v);
+/// One node of a [`Doc`] tape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Node {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    /// A string value: a byte range of [`Doc::text`]; `plain` when it needs no escapes (decided
+    /// while the bytes are hot in cache, so the writer copies without scanning).
+    Str {
+        start: usize,
+        len: usize,
+        plain: bool,
+    },
+    /// An object key, always directly followed by its value's subtree.
+    Key {
+        start: usize,
+        len: usize,
+        plain: bool,
+    },
+    /// `len` elements follow; `span` counts every node of the subtree below this one.
+    Array {
+        len: usize,
+        span: usize,
+    },
+    /// `len` (key, value) pairs follow; `span` as for arrays.
+    Object {
+        len: usize,
+        span: usize,
+    },
+}
+
+/// A JSON value as a flat pre-order tape plus one text buffer holding every string's UTF-8.
+///
+/// This is what the Python walk fills: one growing `Vec` of nodes and one of bytes instead of an
+/// allocation per string and per container, which is most of the cost of reading a large
+/// document. Objects are sorted only when written, by sorting their member positions.
+#[derive(Debug, Default, Clone)]
+pub struct Doc {
+    nodes: Vec<Node>,
+    text: Vec<u8>,
+}
+
+/// A container opened on a [`Doc`] and not yet closed.
+#[derive(Debug, Clone, Copy)]
+#[must_use = "close the container with Doc::end_array / Doc::end_object"]
+pub struct Open(usize);
+
+impl Doc {
+    /// An empty tape with room for about `nodes` nodes.
+    pub fn with_capacity(nodes: usize) -> Self {
+        Self {
+            nodes: Vec::with_capacity(nodes),
+            text: Vec::with_capacity(nodes * 8),
+        }
+    }
+
+    /// Append `null`.
+    pub fn null(&mut self) {
+        self.nodes.push(Node::Null);
+    }
+
+    /// Append a boolean.
+    pub fn bool(&mut self, value: bool) {
+        self.nodes.push(Node::Bool(value));
+    }
+
+    /// Append an integer after the I-JSON range check.
+    pub fn int(&mut self, value: i64) -> Result<(), CanonicalError> {
+        check_int(value)?;
+        self.nodes.push(Node::Int(value));
+        Ok(())
+    }
+
+    /// Append a finite double.
+    pub fn float(&mut self, value: f64) -> Result<(), CanonicalError> {
+        check_float(value)?;
+        self.nodes.push(Node::Float(value));
+        Ok(())
+    }
+
+    /// Append a string value.
+    pub fn str(&mut self, value: &str) {
+        let start = self.text.len();
+        put(&mut self.text, value.as_bytes());
+        self.nodes.push(Node::Str {
+            start,
+            len: value.len(),
+            plain: !needs_escape(value.as_bytes()),
+        });
+    }
+
+    /// Append an object key; its value must be appended next.
+    pub fn key(&mut self, key: &str) {
+        let start = self.text.len();
+        put(&mut self.text, key.as_bytes());
+        self.nodes.push(Node::Key {
+            start,
+            len: key.len(),
+            plain: !needs_escape(key.as_bytes()),
+        });
+    }
+
+    /// Open an array; append its elements, then [`Doc::end_array`].
+    pub fn begin_array(&mut self) -> Open {
+        self.nodes.push(Node::Array { len: 0, span: 0 });
+        Open(self.nodes.len() - 1)
+    }
+
+    /// Close an array of `len` elements.
+    pub fn end_array(&mut self, open: Open, len: usize) {
+        let span = self.nodes.len() - open.0 - 1;
+        self.nodes[open.0] = Node::Array { len, span };
+    }
+
+    /// Open an object; append `key` + value pairs, then [`Doc::end_object`]. Keys must be unique.
+    pub fn begin_object(&mut self) -> Open {
+        self.nodes.push(Node::Object { len: 0, span: 0 });
+        Open(self.nodes.len() - 1)
+    }
+
+    /// Close an object of `len` members.
+    pub fn end_object(&mut self, open: Open, len: usize) {
+        let span = self.nodes.len() - open.0 - 1;
+        self.nodes[open.0] = Node::Object { len, span };
+    }
+
+    /// Append a whole [`Value`].
+    pub fn push_value(&mut self, value: &Value) {
+        match value {
+            Value::Null => self.null(),
+            Value::Bool(b) => self.bool(*b),
+            // Values built through `check_int`/`check_float` are in range; a hand-built one that
+            // is not is written as given (the checks are the front end's job).
+            Value::Int(i) => self.nodes.push(Node::Int(*i)),
+            Value::Float(f) => self.nodes.push(Node::Float(*f)),
+            Value::Str(s) => self.str(s),
+            Value::Array(items) => {
+                let open = self.begin_array();
+                for item in items {
+                    self.push_value(item);
+                }
+                self.end_array(open, items.len());
+            }
+            Value::Object(members) => {
+                let open = self.begin_object();
+                for (k, v) in members {
+                    self.key(k);
+                    self.push_value(v);
+                }
+                self.end_object(open, members.len());
             }
         }
-        _ => {}
+    }
+
+    /// The canonical UTF-8 bytes (RFC 8785). An empty tape writes nothing.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut w = Writer::new(self, None);
+        w.run();
+        w.out
+    }
+
+    /// `"sha256:<hex>"` of [`Doc::to_vec`], hashed as it is written so a large document is
+    /// never held in memory twice.
+    pub fn digest(&self) -> String {
+        let mut w = Writer::new(self, Some(Sha256::new()));
+        w.run();
+        let mut hasher = w.hasher.take().unwrap_or_default();
+        hasher.update(&w.out);
+        hex_digest(&hasher.finalize())
+    }
+
+    fn text(&self, start: usize, len: usize) -> &[u8] {
+        &self.text[start..start + len]
+    }
+}
+
+/// Nodes in the subtree rooted at `node`, itself included.
+fn extent(node: Node) -> usize {
+    match node {
+        Node::Array { span, .. } | Node::Object { span, .. } => span + 1,
+        _ => 1,
+    }
+}
+
+/// When hashing, the output buffer is fed to SHA-256 and cleared once it holds this much: big
+/// enough to amortize the hasher call, small enough to stay in L1/L2.
+const HASH_CHUNK: usize = 16 * 1024;
+
+struct Writer<'a> {
+    doc: &'a Doc,
+    out: Vec<u8>,
+    /// `Some` when only the digest is wanted: `out` is then a bounded staging buffer.
+    hasher: Option<Sha256>,
+    /// Scratch stack of (key bytes, key is plain, value node) used to sort each object's members; an object
+    /// uses the slice it pushed and truncates it when done.
+    members: Vec<(&'a [u8], bool, usize)>,
+    floats: ryu_js::Buffer,
+    ints: itoa::Buffer,
+}
+
+impl<'a> Writer<'a> {
+    fn new(doc: &'a Doc, hasher: Option<Sha256>) -> Self {
+        // Every node writes at least about two bytes beyond its text (quotes, separators).
+        let estimate = doc.text.len() + doc.nodes.len() * 3 + 16;
+        let capacity = if hasher.is_some() {
+            estimate.min(HASH_CHUNK * 2)
+        } else {
+            estimate
+        };
+        Self {
+            doc,
+            out: Vec::with_capacity(capacity),
+            hasher,
+            members: Vec::with_capacity(32),
+            floats: ryu_js::Buffer::new(),
+            ints: itoa::Buffer::new(),
+        }
+    }
+
+    fn run(&mut self) {
+        if !self.doc.nodes.is_empty() {
+            self.value(0);
+        }
+    }
+
+    /// Hand the staged bytes to the hasher (digest mode only).
+    #[inline]
+    fn spill(&mut self) {
+        if self.out.len() >= HASH_CHUNK {
+            if let Some(h) = self.hasher.as_mut() {
+                h.update(&self.out);
+                self.out.clear();
+            }
+        }
+    }
+
+    fn value(&mut self, at: usize) {
+        let doc = self.doc;
+        match doc.nodes[at] {
+            Node::Null => self.out.extend_from_slice(b"null"),
+            Node::Bool(true) => self.out.extend_from_slice(b"true"),
+            Node::Bool(false) => self.out.extend_from_slice(b"false"),
+            Node::Int(i) => put(&mut self.out, self.ints.format(i).as_bytes()),
+            Node::Float(f) => self
+                .out
+                .extend_from_slice(self.floats.format_finite(f).as_bytes()),
+            Node::Str { start, len, plain } | Node::Key { start, len, plain } => {
+                write_str(&mut self.out, doc.text(start, len), plain);
+            }
+            Node::Array { len, .. } => {
+                self.out.push(b'[');
+                let mut child = at + 1;
+                for i in 0..len {
+                    if i > 0 {
+                        self.out.push(b',');
+                    }
+                    self.value(child);
+                    self.spill();
+                    child += extent(doc.nodes[child]);
+                }
+                self.out.push(b']');
+            }
+            Node::Object { len, .. } => {
+                let base = self.members.len();
+                let mut key = at + 1;
+                for _ in 0..len {
+                    let Node::Key { start, len, plain } = doc.nodes[key] else {
+                        unreachable!("object members start with a key")
+                    };
+                    self.members.push((doc.text(start, len), plain, key + 1));
+                    key += 1 + extent(doc.nodes[key + 1]);
+                }
+                self.members[base..].sort_unstable_by(|a, b| cmp_utf16(a.0, b.0));
+                self.out.push(b'{');
+                for i in 0..len {
+                    if i > 0 {
+                        self.out.push(b',');
+                    }
+                    let (name, plain, v) = self.members[base + i];
+                    write_str(&mut self.out, name, plain);
+                    self.out.push(b':');
+                    self.value(v);
+                    self.spill();
+                }
+                self.out.push(b'}');
+                self.members.truncate(base);
+            }
+        }
     }
 }
 
 /// The canonical UTF-8 bytes of `value` (RFC 8785).
-pub fn to_vec(mut value: Value) -> Vec<u8> {
-    sort_members(&mut value);
-    let mut out = Vec::with_capacity(256);
-    write_value(
-        &mut out,
-        &value,
-        &mut ryu_js::Buffer::new(),
-        &mut itoa::Buffer::new(),
-    );
-    out
+pub fn to_vec(value: &Value) -> Vec<u8> {
+    let mut doc = Doc::default();
+    doc.push_value(value);
+    doc.to_vec()
 }
 
-fn write_value(out: &mut Vec<u8>, value: &Value, fb: &mut ryu_js::Buffer, ib: &mut itoa::Buffer) {
-    match value {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Bool(true) => out.extend_from_slice(b"true"),
-        Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Int(i) => out.extend_from_slice(ib.format(*i).as_bytes()),
-        Value::Float(f) => out.extend_from_slice(fb.format_finite(*f).as_bytes()),
-        Value::Str(s) => write_string(out, s),
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_value(out, item, fb, ib);
+/// Which bytes need an escape: 0 = none, 1 = `\u00xx`, else the letter after the backslash.
+const ESCAPE: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = 1;
+        i += 1;
+    }
+    t[0x08] = b'b';
+    t[0x09] = b't';
+    t[0x0a] = b'n';
+    t[0x0c] = b'f';
+    t[0x0d] = b'r';
+    t[b'"' as usize] = b'"';
+    t[b'\\' as usize] = b'\\';
+    t
+};
+
+/// Append `s` to `out`. Most JSON strings are short, and `extend_from_slice` pays a call to
+/// `memcpy` for each one; up to 16 bytes are moved with two possibly overlapping loads and
+/// stores instead (the usual small-copy trick).
+#[inline]
+fn put(out: &mut Vec<u8>, s: &[u8]) {
+    let n = s.len();
+    if n > 16 {
+        out.extend_from_slice(s);
+        return;
+    }
+    out.reserve(16);
+    let len = out.len();
+    // SAFETY: `reserve(16)` guarantees 16 writable bytes past `len`, and every store below ends
+    // at or before `len + n` with `n <= 16`; every load stays inside `s`.
+    unsafe {
+        let dst = out.as_mut_ptr().add(len);
+        let src = s.as_ptr();
+        if n >= 8 {
+            let head = src.cast::<u64>().read_unaligned();
+            let tail = src.add(n - 8).cast::<u64>().read_unaligned();
+            dst.cast::<u64>().write_unaligned(head);
+            dst.add(n - 8).cast::<u64>().write_unaligned(tail);
+        } else if n >= 4 {
+            let head = src.cast::<u32>().read_unaligned();
+            let tail = src.add(n - 4).cast::<u32>().read_unaligned();
+            dst.cast::<u32>().write_unaligned(head);
+            dst.add(n - 4).cast::<u32>().write_unaligned(tail);
+        } else {
+            for i in 0..n {
+                *dst.add(i) = *src.add(i);
             }
-            out.push(b']');
         }
-        Value::Object(members) => {
-            out.push(b'{');
-            for (i, (key, item)) in members.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_string(out, key);
-                out.push(b':');
-                write_value(out, item, fb, ib);
-            }
-            out.push(b'}');
-        }
+        out.set_len(len + n);
     }
 }
 
-/// Write `s` as a JSON string with RFC 8785's minimal escapes: `"` and `\`, the two-letter forms
-/// for \b \f \n \r \t, `\u00xx` (lowercase hex) for the other controls, everything else raw.
-fn write_string(out: &mut Vec<u8>, s: &str) {
+/// Whether any byte of `s` is a control character, `"` or `\\`, eight bytes at a time (SWAR:
+/// "has a zero byte" / "has a byte below n" bit tricks over little-endian words).
+fn needs_escape(s: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let has_below = |w: u64, n: u8| w.wrapping_sub(ONES * u64::from(n)) & !w & HIGHS != 0;
+    let has_byte = |w: u64, b: u8| has_below(w ^ (ONES * u64::from(b)), 1);
+    let mut chunks = s.chunks_exact(8);
+    for chunk in &mut chunks {
+        let w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+        if has_below(w, 0x20) || has_byte(w, b'"') || has_byte(w, b'\\') {
+            return true;
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .any(|&b| ESCAPE[usize::from(b)] != 0)
+}
+
+/// Write UTF-8 `s` as a JSON string with RFC 8785's minimal escapes: `"` and `\`, the two-letter
+/// forms for \b \f \n \r \t, `\u00xx` (lowercase hex) for the other controls, everything else raw.
+fn write_string(out: &mut Vec<u8>, s: &[u8]) {
+    write_str(out, s, !needs_escape(s));
+}
+
+/// [`write_string`] with the escape scan already done: `plain` strings are copied as they are.
+#[inline]
+fn write_str(out: &mut Vec<u8>, s: &[u8], plain: bool) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let bytes = s.as_bytes();
-    out.reserve(bytes.len() + 2);
+    out.reserve(s.len() + 2);
     out.push(b'"');
+    if plain {
+        // The common case: one copy, no per-byte branches.
+        put(out, s);
+        out.push(b'"');
+        return;
+    }
     let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let short: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            0x00..=0x1f => b"",
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[start..i]);
-        if short.is_empty() {
+    for (i, &b) in s.iter().enumerate() {
+        let esc = ESCAPE[usize::from(b)];
+        if esc == 0 {
+            continue;
+        }
+        out.extend_from_slice(&s[start..i]);
+        if esc == 1 {
             out.extend_from_slice(&[
                 b'\\',
                 b'u',
@@ -258,21 +574,24 @@ fn write_string(out: &mut Vec<u8>, s: &str) {
                 HEX[usize::from(b & 0xf)],
             ]);
         } else {
-            out.extend_from_slice(short);
+            out.extend_from_slice(&[b'\\', esc]);
         }
         start = i + 1;
     }
-    out.extend_from_slice(&bytes[start..]);
+    out.extend_from_slice(&s[start..]);
     out.push(b'"');
 }
 
 /// `"sha256:" + lowercase hex(SHA-256(bytes))`, the one textual digest form (`PRIOR_ART` C4.2).
 pub fn digest_bytes(bytes: &[u8]) -> String {
+    hex_digest(&Sha256::digest(bytes))
+}
+
+fn hex_digest(hash: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let hash = Sha256::digest(bytes);
     let mut out = String::with_capacity(7 + 64);
     out.push_str("sha256:");
-    for b in hash {
+    for &b in hash {
         out.push(char::from(HEX[usize::from(b >> 4)]));
         out.push(char::from(HEX[usize::from(b & 0xf)]));
     }
@@ -280,7 +599,7 @@ pub fn digest_bytes(bytes: &[u8]) -> String {
 }
 
 /// Canonicalize and hash in one call.
-pub fn digest(value: Value) -> String {
+pub fn digest(value: &Value) -> String {
     digest_bytes(&to_vec(value))
 }
 
@@ -297,7 +616,7 @@ mod tests {
         )
     }
 
-    fn canon(v: Value) -> String {
+    fn canon(v: &Value) -> String {
         String::from_utf8(to_vec(v)).unwrap()
     }
 
@@ -309,17 +628,23 @@ mod tests {
             ("\u{1f600}", Value::Int(2)),
             ("a", Value::Int(3)),
         ]);
-        assert_eq!(canon(v), "{\"a\":3,\"\u{1f600}\":2,\"\u{e000}\":1}");
+        assert_eq!(canon(&v), "{\"a\":3,\"\u{1f600}\":2,\"\u{e000}\":1}");
         // Integer-like keys sort as strings, not numbers (the JavaScript own-property trap).
         let v = obj(&[
             ("b", Value::Int(1)),
             ("10", Value::Int(2)),
             ("9", Value::Int(3)),
         ]);
-        assert_eq!(canon(v), r#"{"10":2,"9":3,"b":1}"#);
-        assert_eq!(cmp_utf16("ab", "abc"), Ordering::Less);
-        assert_eq!(cmp_utf16("\u{ffff}", "\u{10000}"), Ordering::Greater);
-        assert_eq!(cmp_utf16("\u{d7ff}", "\u{10000}"), Ordering::Less);
+        assert_eq!(canon(&v), r#"{"10":2,"9":3,"b":1}"#);
+        assert_eq!(cmp_utf16(b"ab", b"abc"), Ordering::Less);
+        assert_eq!(
+            cmp_utf16("\u{ffff}".as_bytes(), "\u{10000}".as_bytes()),
+            Ordering::Greater
+        );
+        assert_eq!(
+            cmp_utf16("\u{d7ff}".as_bytes(), "\u{10000}".as_bytes()),
+            Ordering::Less
+        );
     }
 
     #[test]
@@ -337,14 +662,14 @@ mod tests {
             (0.1 + 0.2, "0.30000000000000004"),
         ];
         for (f, want) in cases {
-            assert_eq!(canon(check_float(f).unwrap()), want, "{f:e}");
+            assert_eq!(canon(&check_float(f).unwrap()), want, "{f:e}");
         }
         assert_eq!(
-            canon(check_int(MAX_SAFE_INTEGER).unwrap()),
+            canon(&check_int(MAX_SAFE_INTEGER).unwrap()),
             "9007199254740991"
         );
         assert_eq!(
-            canon(check_int(-MAX_SAFE_INTEGER).unwrap()),
+            canon(&check_int(-MAX_SAFE_INTEGER).unwrap()),
             "-9007199254740991"
         );
         assert!(check_int(MAX_SAFE_INTEGER + 1).is_err());
@@ -357,7 +682,7 @@ mod tests {
     fn escapes_minimally() {
         let v = Value::Str("\"\\/\u{8}\u{c}\n\r\t\u{0}\u{1f}\u{7f}é\u{2028}".to_owned());
         assert_eq!(
-            canon(v),
+            canon(&v),
             "\"\\\"\\\\/\\b\\f\\n\\r\\t\\u0000\\u001f\u{7f}é\u{2028}\""
         );
     }
@@ -379,7 +704,7 @@ mod tests {
     fn digests_with_prefix() {
         // sha256 of the two bytes `{}`.
         assert_eq!(
-            digest(Value::Object(vec![])),
+            digest(&Value::Object(vec![])),
             "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
         );
         let nested = Value::Array(vec![
@@ -387,6 +712,6 @@ mod tests {
             Value::Bool(true),
             obj(&[("k", Value::Bool(false))]),
         ]);
-        assert_eq!(canon(nested), r#"[null,true,{"k":false}]"#);
+        assert_eq!(canon(&nested), r#"[null,true,{"k":false}]"#);
     }
 }

@@ -1,119 +1,237 @@
-//! Python value -> canonical [`Value`] walk, done while attached so the serializer and the hash
-//! can run detached (STYLE §6).
+//! Python value -> canonical [`Doc`] walk, done while attached so the serializer and the hash
+//! run detached (STYLE §6).
 //!
 //! Rules (DESIGN §4): `bool` is checked before `int` and is never a number; tuples and list
 //! subclasses are arrays; dict subclasses are objects and their keys must be `str`; integers
 //! must lie within ±(2^53−1); floats must be finite; strings must not hold lone surrogates;
 //! a container that contains itself is a cycle; nesting is capped at
-//! [`canonical::MAX_DEPTH`](crate::canonical::MAX_DEPTH). Errors carry the JSON path.
+//! [`MAX_DEPTH`](crate::canonical::MAX_DEPTH). Errors carry the JSON path.
+//!
+//! This is the hot half of `fencepost.digest`, so it reads objects through the C API with
+//! *borrowed* references (`PyDict_Next`, `PyList_GetItem`): under the stable ABI every
+//! `Py_INCREF` is a function call, and the walk would otherwise pay two per node. Borrowing is
+//! sound because the walk holds the GIL (abi3 builds never run free-threaded) and runs no
+//! Python code while it borrows: the only calls back into Python (`repr`, `str` of a bad key or
+//! integer) happen after the walk has failed and stops.
 
+use std::os::raw::c_int;
+use std::ptr::addr_of_mut;
+
+use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use crate::canonical::{self, CanonicalError, PathSegment, Value, MAX_DEPTH};
+use crate::canonical::{self, CanonicalError, Doc, PathSegment, MAX_DEPTH};
 
-/// Convert a Python object into a canonical value.
-pub fn to_value(obj: &Bound<'_, PyAny>) -> Result<Value, CanonicalError> {
-    let mut open = Vec::new();
-    walk(obj, &mut open)
+/// Convert a Python object into a canonical tape.
+pub fn to_doc(obj: &Bound<'_, PyAny>) -> Result<Doc, CanonicalError> {
+    // Sized so that a typical ~2 KB definition never reallocates.
+    let mut walk = Walk {
+        py: obj.py(),
+        doc: Doc::with_capacity(256),
+        open: Vec::with_capacity(16),
+    };
+    // SAFETY: `obj` is a live reference held for the whole call, and we hold the GIL.
+    unsafe { walk.value(obj.as_ptr()).map_err(|e| *e)? };
+    Ok(walk.doc)
 }
 
-/// `open` holds the addresses of the containers on the path from the root to `obj`: its length
-/// is the depth, and finding a container in it again means a cycle.
-fn walk(obj: &Bound<'_, PyAny>, open: &mut Vec<usize>) -> Result<Value, CanonicalError> {
-    // Most common types first; exact `bool` before `int` because bool subclasses int.
-    if let Ok(s) = obj.cast::<PyString>() {
-        return string(s).map(Value::Str);
+/// Errors travel boxed through the recursion: a one-word `Result` comes back in a register,
+/// where the unboxed error (a `Vec` and a `String`) would be returned through memory at every
+/// level of every value.
+type Boxed = Box<CanonicalError>;
+
+struct Walk<'py> {
+    py: Python<'py>,
+    doc: Doc,
+    /// The containers on the path from the root to the current value: its length is the depth,
+    /// and meeting a container in it again means a cycle.
+    open: Vec<*mut ffi::PyObject>,
+}
+
+impl Walk<'_> {
+    /// # Safety
+    /// `obj` must be a valid object pointer kept alive by its container (or the caller) for the
+    /// duration of the call, with the GIL held.
+    unsafe fn value(&mut self, obj: *mut ffi::PyObject) -> Result<(), Boxed> {
+        // SAFETY (whole body): the caller's contract; every pointer we read comes from a C API
+        // call on a live object and is borrowed from a container we keep alive.
+        unsafe {
+            // Exact-type pointer compares first (the common case, no function call); `bool`
+            // before `int` because bool subclasses int.
+            let ty = ffi::Py_TYPE(obj);
+            if ty == addr_of_mut!(ffi::PyUnicode_Type) {
+                let s = Self::utf8(obj).ok_or_else(|| Box::new(lone_surrogate()))?;
+                self.doc.str(s);
+                Ok(())
+            } else if ty == addr_of_mut!(ffi::PyLong_Type) {
+                self.int(obj)
+            } else if ty == addr_of_mut!(ffi::PyFloat_Type) {
+                self.doc.float(ffi::PyFloat_AsDouble(obj)).map_err(Box::new)
+            } else if ty == addr_of_mut!(ffi::PyDict_Type) {
+                self.dict(obj)
+            } else if ty == addr_of_mut!(ffi::PyList_Type) {
+                self.list(obj)
+            } else if obj == ffi::Py_None() {
+                self.doc.null();
+                Ok(())
+            } else if ty == addr_of_mut!(ffi::PyBool_Type) {
+                self.doc.bool(obj == ffi::Py_True());
+                Ok(())
+            } else if ffi::PyTuple_Check(obj) != 0 {
+                self.sequence(obj, ffi::PyTuple_Size, ffi::PyTuple_GetItem)
+            } else if ffi::PyUnicode_Check(obj) != 0 {
+                let s = Self::utf8(obj).ok_or_else(|| Box::new(lone_surrogate()))?;
+                self.doc.str(s);
+                Ok(())
+            } else if ffi::PyLong_Check(obj) != 0 {
+                self.int(obj)
+            } else if ffi::PyFloat_Check(obj) != 0 {
+                self.doc.float(ffi::PyFloat_AsDouble(obj)).map_err(Box::new)
+            } else if ffi::PyDict_Check(obj) != 0 {
+                self.dict(obj)
+            } else if ffi::PyList_Check(obj) != 0 {
+                self.list(obj)
+            } else {
+                Err(fail(format!(
+                    "unsupported type {}; use None, bool, int, float, str, list, tuple or dict",
+                    type_name(&self.bound(obj))
+                )))
+            }
+        }
     }
-    if obj.is_exact_instance_of::<PyBool>() {
-        return Ok(Value::Bool(obj.is_truthy().unwrap_or(false)));
+
+    unsafe fn int(&mut self, obj: *mut ffi::PyObject) -> Result<(), Boxed> {
+        let mut overflow: c_int = 0;
+        // SAFETY: `obj` is an int (checked by the caller).
+        let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(obj, &raw mut overflow) };
+        if overflow != 0 || (v == -1 && unsafe { !ffi::PyErr_Occurred().is_null() }) {
+            unsafe { ffi::PyErr_Clear() };
+            return Err(Box::new(canonical::out_of_range_int(&big_int_text(
+                &self.bound(obj),
+            ))));
+        }
+        self.doc.int(v).map_err(Box::new)
     }
-    if let Ok(i) = obj.cast::<PyInt>() {
-        return match i.extract::<i64>() {
-            Ok(v) => canonical::check_int(v),
-            Err(_) => Err(canonical::out_of_range_int(&big_int_text(i))),
-        };
-    }
-    if let Ok(f) = obj.cast::<PyFloat>() {
-        return canonical::check_float(f.value());
-    }
-    if obj.is_none() {
-        return Ok(Value::Null);
-    }
-    if let Ok(d) = obj.cast::<PyDict>() {
-        enter(obj, open)?;
-        let mut members = Vec::with_capacity(d.len());
-        for (k, v) in d.iter() {
-            let Ok(ks) = k.cast::<PyString>() else {
-                return Err(CanonicalError::new(format!(
+
+    unsafe fn dict(&mut self, obj: *mut ffi::PyObject) -> Result<(), Boxed> {
+        self.enter(obj)?;
+        let open = self.doc.begin_object();
+        let (mut pos, mut len) = (0, 0);
+        let mut key: *mut ffi::PyObject = std::ptr::null_mut();
+        let mut value: *mut ffi::PyObject = std::ptr::null_mut();
+        // SAFETY: PyDict_Next yields borrowed references owned by the dict, which the caller
+        // keeps alive; nothing in the loop runs Python code that could mutate it.
+        while unsafe { ffi::PyDict_Next(obj, &raw mut pos, &raw mut key, &raw mut value) } != 0 {
+            // Exact-type compare first: PyUnicode_Check is a function call under abi3.
+            if unsafe {
+                ffi::Py_TYPE(key) != addr_of_mut!(ffi::PyUnicode_Type)
+                    && ffi::PyUnicode_Check(key) == 0
+            } {
+                let k = self.bound(key);
+                return Err(fail(format!(
                     "dict key {} is {}, not str; JSON object keys must be strings",
                     repr(&k),
                     type_name(&k)
                 )));
-            };
-            let key = string(ks).map_err(|_| {
-                CanonicalError::new(format!(
+            }
+            let Some(k) = (unsafe { Self::utf8(key) }) else {
+                return Err(fail(format!(
                     "dict key {} contains a lone surrogate, which is not valid Unicode text",
-                    repr(&k)
-                ))
-            })?;
-            let value = walk(&v, open).map_err(|e| e.within(PathSegment::Key(key.clone())))?;
-            members.push((key, value));
+                    repr(&self.bound(key))
+                )));
+            };
+            self.doc.key(k);
+            if let Err(e) = unsafe { self.value(value) } {
+                // Re-read the key: the error path may be long after `k` was borrowed.
+                let name = unsafe { Self::utf8(key) }.unwrap_or_default().to_owned();
+                return Err(Box::new(e.within(PathSegment::Key(name))));
+            }
+            len += 1;
         }
-        open.pop();
-        return Ok(Value::Object(members));
+        self.doc.end_object(open, len);
+        self.open.pop();
+        Ok(())
     }
-    if let Ok(l) = obj.cast::<PyList>() {
-        enter(obj, open)?;
-        let mut items = Vec::with_capacity(l.len());
-        for (i, item) in l.iter().enumerate() {
-            items.push(walk(&item, open).map_err(|e| e.within(PathSegment::Index(i)))?);
+
+    unsafe fn list(&mut self, obj: *mut ffi::PyObject) -> Result<(), Boxed> {
+        // SAFETY: forwarded contract; `obj` is a list.
+        unsafe { self.sequence(obj, ffi::PyList_Size, ffi::PyList_GetItem) }
+    }
+
+    /// Lists and tuples: `size` and `get` are the matching C API pair (borrowed items).
+    unsafe fn sequence(
+        &mut self,
+        obj: *mut ffi::PyObject,
+        size: unsafe extern "C" fn(*mut ffi::PyObject) -> ffi::Py_ssize_t,
+        get: unsafe extern "C" fn(*mut ffi::PyObject, ffi::Py_ssize_t) -> *mut ffi::PyObject,
+    ) -> Result<(), Boxed> {
+        self.enter(obj)?;
+        let open = self.doc.begin_array();
+        // SAFETY: `obj` matches `size`/`get`; indices stay below the size read here, and no
+        // Python code runs between the reads (the size cannot change under us).
+        let n = unsafe { size(obj) };
+        for i in 0..n {
+            let item = unsafe { get(obj, i) };
+            if let Err(e) = unsafe { self.value(item) } {
+                return Err(Box::new(e.within(PathSegment::Index(i.unsigned_abs()))));
+            }
         }
-        open.pop();
-        return Ok(Value::Array(items));
+        self.doc.end_array(open, n.unsigned_abs());
+        self.open.pop();
+        Ok(())
     }
-    if let Ok(t) = obj.cast::<PyTuple>() {
-        enter(obj, open)?;
-        let mut items = Vec::with_capacity(t.len());
-        for (i, item) in t.iter().enumerate() {
-            items.push(walk(&item, open).map_err(|e| e.within(PathSegment::Index(i)))?);
+
+    fn enter(&mut self, obj: *mut ffi::PyObject) -> Result<(), Boxed> {
+        if self.open.contains(&obj) {
+            return Err(fail(
+                "cycle: this container contains itself; JSON values must be trees",
+            ));
         }
-        open.pop();
-        return Ok(Value::Array(items));
+        if self.open.len() >= MAX_DEPTH {
+            return Err(fail(format!(
+                "nested deeper than {MAX_DEPTH} levels; flatten the structure"
+            )));
+        }
+        self.open.push(obj);
+        Ok(())
     }
-    Err(CanonicalError::new(format!(
-        "unsupported type {}; use None, bool, int, float, str, list, tuple or dict",
-        type_name(obj)
-    )))
+
+    /// The UTF-8 of a `str`, or `None` for a lone surrogate (the only thing UTF-8 cannot hold).
+    ///
+    /// `PyUnicode_AsUTF8AndSize` (stable ABI since 3.10) is zero-copy for ASCII and caches the
+    /// encoding on the object otherwise, so the slice lives as long as the string does.
+    unsafe fn utf8<'a>(s: *mut ffi::PyObject) -> Option<&'a str> {
+        let mut size: ffi::Py_ssize_t = 0;
+        // SAFETY: `s` is a str; the buffer belongs to it and stays valid while it lives.
+        let ptr = unsafe { ffi::PyUnicode_AsUTF8AndSize(s, &raw mut size) };
+        if ptr.is_null() {
+            unsafe { ffi::PyErr_Clear() };
+            return None;
+        }
+        // SAFETY: CPython guarantees `size` bytes of valid UTF-8 at `ptr`.
+        Some(unsafe {
+            std::str::from_utf8_unchecked(std::slice::from_raw_parts(
+                ptr.cast(),
+                size.unsigned_abs(),
+            ))
+        })
+    }
+
+    /// A proper reference to `obj`, for the error paths that call back into Python.
+    fn bound(&self, obj: *mut ffi::PyObject) -> Bound<'_, PyAny> {
+        // SAFETY: `obj` is a live object (borrowed from its container); from_borrowed_ptr
+        // takes a new strong reference.
+        unsafe { Bound::from_borrowed_ptr(self.py, obj) }
+    }
 }
 
-fn enter(obj: &Bound<'_, PyAny>, open: &mut Vec<usize>) -> Result<(), CanonicalError> {
-    let addr = obj.as_ptr() as usize;
-    if open.contains(&addr) {
-        return Err(CanonicalError::new(
-            "cycle: this container contains itself; JSON values must be trees",
-        ));
-    }
-    if open.len() >= MAX_DEPTH {
-        return Err(CanonicalError::new(format!(
-            "nested deeper than {MAX_DEPTH} levels; flatten the structure"
-        )));
-    }
-    open.push(addr);
-    Ok(())
+fn lone_surrogate() -> CanonicalError {
+    CanonicalError::new(
+        "string contains a lone surrogate (U+D800..U+DFFF), which is not valid Unicode text",
+    )
 }
 
-fn string(s: &Bound<'_, PyString>) -> Result<String, CanonicalError> {
-    // `to_str` is PyUnicode_AsUTF8AndSize (stable ABI since 3.10): zero-copy for ASCII and
-    // cached for the rest; it fails exactly on lone surrogates, which UTF-8 cannot encode.
-    s.to_str().map(str::to_owned).map_err(|_| {
-        CanonicalError::new(
-            "string contains a lone surrogate (U+D800..U+DFFF), which is not valid Unicode text",
-        )
-    })
-}
-
-fn big_int_text(i: &Bound<'_, PyInt>) -> String {
+fn big_int_text(i: &Bound<'_, PyAny>) -> String {
     // str() refuses ints above 4300 digits (CPython's int_max_str_digits); say so instead.
     i.str()
         .map_or_else(|_| "of more than 4300 digits".to_owned(), |s| s.to_string())
@@ -128,4 +246,12 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()
         .map_or_else(|_| "<unknown>".to_owned(), |n| n.to_string())
+}
+
+#[allow(
+    clippy::unnecessary_box_returns,
+    reason = "the walk's error type is deliberately boxed"
+)]
+fn fail(reason: impl Into<String>) -> Boxed {
+    Box::new(CanonicalError::new(reason))
 }

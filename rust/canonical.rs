@@ -714,4 +714,46 @@ mod tests {
         ]);
         assert_eq!(canon(&nested), r#"[null,true,{"k":false}]"#);
     }
+
+    #[test]
+    fn streaming_digest_matches_hash_of_bytes() {
+        // Well past HASH_CHUNK, with escapes, so the staged buffer spills many times.
+        let mut doc = Doc::default();
+        let outer = doc.begin_object();
+        for i in 0..4000 {
+            doc.key(&format!("key-{i:05}\n"));
+            let inner = doc.begin_array();
+            doc.str("é\"\u{1}");
+            doc.int(i).unwrap();
+            doc.float(f64::from(u32::try_from(i).unwrap()) / 7.0)
+                .unwrap();
+            doc.end_array(inner, 3);
+        }
+        doc.end_object(outer, 4000);
+        let bytes = doc.to_vec();
+        assert!(bytes.len() > 4 * HASH_CHUNK);
+        assert_eq!(doc.digest(), digest_bytes(&bytes));
+        assert!(bytes.starts_with("{\"key-00000\\n\":[\"é\\\"\\u0001\",0,0]".as_bytes()));
+    }
+
+    #[test]
+    fn tape_sorts_nested_objects_and_rejects_out_of_range() {
+        let mut doc = Doc::default();
+        let outer = doc.begin_object();
+        doc.key("b");
+        let inner = doc.begin_object();
+        doc.key("y");
+        doc.null();
+        doc.key("x");
+        doc.bool(true);
+        doc.end_object(inner, 2);
+        doc.key("a");
+        let arr = doc.begin_array();
+        doc.end_array(arr, 0);
+        doc.end_object(outer, 2);
+        assert_eq!(doc.to_vec(), br#"{"a":[],"b":{"x":true,"y":null}}"#);
+        assert!(doc.int(MAX_SAFE_INTEGER + 1).is_err());
+        assert!(doc.float(f64::NAN).is_err());
+        assert_eq!(Doc::default().to_vec(), b"");
+    }
 }

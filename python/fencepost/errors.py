@@ -51,8 +51,7 @@ class StoreError(LedgerError):
     def __init__(self, message: str | None = None, *, operation: str = "") -> None:
         self.operation = operation
         super().__init__(
-            message
-            or f"the database failed while {operation or 'working'}; run `fencepost doctor`"
+            message or f"the database failed while {operation or 'working'}; run `fencepost doctor`"
         )
 
 
@@ -63,7 +62,8 @@ class NotFound(LedgerError, LookupError):
         self.kind = kind
         self.key = key
         super().__init__(
-            message or f"no {kind or 'record'} {key!r}; check the key (it may never have been stored)"
+            message
+            or f"no {kind or 'record'} {key!r}; check the key (it may never have been stored)"
         )
 
 
@@ -174,9 +174,7 @@ class ContinuationRefused(LedgerError):
     ) -> None:
         self.parent_run_id = parent_run_id
         self.reason = reason
-        super().__init__(
-            message or f"cannot continue run {parent_run_id!r}: {reason}"
-        )
+        super().__init__(message or f"cannot continue run {parent_run_id!r}: {reason}")
 
 
 class LeaseLost(LedgerError):

@@ -403,58 +403,82 @@ impl<'a> Writer<'a> {
         }
     }
 
+    /// Write the subtree at `at`. Scalars are written in place (inlined into the container
+    /// loops), so only containers pay for a call frame; most nodes of a document are scalars.
+    #[allow(
+        clippy::inline_always,
+        reason = "measured: keeps scalars out of call frames"
+    )]
+    #[inline(always)]
     fn value(&mut self, at: usize) {
-        let doc = self.doc;
-        match doc.nodes[at] {
+        match self.doc.nodes[at] {
+            Node::Array { len, .. } => self.array(at, len),
+            Node::Object { len, .. } => self.object(at, len),
+            scalar => self.scalar(scalar),
+        }
+    }
+
+    #[allow(
+        clippy::inline_always,
+        reason = "measured: keeps scalars out of call frames"
+    )]
+    #[inline(always)]
+    fn scalar(&mut self, node: Node) {
+        match node {
             Node::Null => self.out.extend_from_slice(b"null"),
             Node::Bool(true) => self.out.extend_from_slice(b"true"),
             Node::Bool(false) => self.out.extend_from_slice(b"false"),
             Node::Int(i) => put(&mut self.out, self.ints.format(i).as_bytes()),
-            Node::Float(f) => self
-                .out
-                .extend_from_slice(self.floats.format_finite(f).as_bytes()),
+            Node::Float(f) => put(&mut self.out, self.floats.format_finite(f).as_bytes()),
             Node::Str { start, len, plain } | Node::Key { start, len, plain } => {
-                write_str(&mut self.out, doc.text(start, len), plain);
+                write_str(&mut self.out, self.doc.text(start, len), plain);
             }
-            Node::Array { len, .. } => {
-                self.out.push(b'[');
-                let mut child = at + 1;
-                for i in 0..len {
-                    if i > 0 {
-                        self.out.push(b',');
-                    }
-                    self.value(child);
-                    self.spill();
-                    child += extent(doc.nodes[child]);
-                }
-                self.out.push(b']');
-            }
-            Node::Object { len, .. } => {
-                let base = self.members.len();
-                let mut key = at + 1;
-                for _ in 0..len {
-                    let Node::Key { start, len, plain } = doc.nodes[key] else {
-                        unreachable!("object members start with a key")
-                    };
-                    self.members.push((doc.text(start, len), plain, key + 1));
-                    key += 1 + extent(doc.nodes[key + 1]);
-                }
-                self.members[base..].sort_unstable_by(|a, b| cmp_utf16(a.0, b.0));
-                self.out.push(b'{');
-                for i in 0..len {
-                    if i > 0 {
-                        self.out.push(b',');
-                    }
-                    let (name, plain, v) = self.members[base + i];
-                    write_str(&mut self.out, name, plain);
-                    self.out.push(b':');
-                    self.value(v);
-                    self.spill();
-                }
-                self.out.push(b'}');
-                self.members.truncate(base);
-            }
+            Node::Array { .. } | Node::Object { .. } => unreachable!("containers are not scalars"),
         }
+    }
+
+    #[inline(never)]
+    fn array(&mut self, at: usize, len: usize) {
+        let doc = self.doc;
+        self.out.push(b'[');
+        let mut child = at + 1;
+        for i in 0..len {
+            if i > 0 {
+                self.out.push(b',');
+            }
+            self.value(child);
+            self.spill();
+            child += extent(doc.nodes[child]);
+        }
+        self.out.push(b']');
+    }
+
+    #[inline(never)]
+    fn object(&mut self, at: usize, len: usize) {
+        let doc = self.doc;
+        let base = self.members.len();
+        let mut key = at + 1;
+        for _ in 0..len {
+            let Node::Key { start, len, plain } = doc.nodes[key] else {
+                unreachable!("object members start with a key")
+            };
+            self.members.push((doc.text(start, len), plain, key + 1));
+            key += 1 + extent(doc.nodes[key + 1]);
+        }
+        self.members[base..].sort_unstable_by(|a, b| cmp_utf16(a.0, b.0));
+        self.out.push(b'{');
+        for i in 0..len {
+            if i > 0 {
+                self.out.push(b',');
+            }
+            let (name, plain, v) = self.members[base + i];
+            write_str(&mut self.out, name, plain);
+            self.out.push(b':');
+            self.value(v);
+            self.spill();
+        }
+        self.out.push(b'}');
+        self.members.truncate(base);
     }
 }
 

@@ -52,17 +52,22 @@ impl Walk<'_> {
     /// # Safety
     /// `obj` must be a valid object pointer kept alive by its container (or the caller) for the
     /// duration of the call, with the GIL held.
+    ///
+    /// The exact-type fast path is inlined into the container loops, so scalars (most of a
+    /// document) never pay for a call frame; containers and everything rarer go out of line.
+    #[allow(
+        clippy::inline_always,
+        reason = "measured: keeps scalars out of call frames"
+    )]
+    #[inline(always)]
     unsafe fn value(&mut self, obj: *mut ffi::PyObject) -> Result<(), Boxed> {
         // SAFETY (whole body): the caller's contract; every pointer we read comes from a C API
         // call on a live object and is borrowed from a container we keep alive.
         unsafe {
-            // Exact-type pointer compares first (the common case, no function call); `bool`
-            // before `int` because bool subclasses int.
+            // Exact-type pointer compares first (no function call under abi3).
             let ty = ffi::Py_TYPE(obj);
             if ty == addr_of_mut!(ffi::PyUnicode_Type) {
-                let s = Self::utf8(obj).ok_or_else(|| Box::new(lone_surrogate()))?;
-                self.doc.str(s);
-                Ok(())
+                self.str(obj)
             } else if ty == addr_of_mut!(ffi::PyLong_Type) {
                 self.int(obj)
             } else if ty == addr_of_mut!(ffi::PyFloat_Type) {
@@ -74,15 +79,28 @@ impl Walk<'_> {
             } else if obj == ffi::Py_None() {
                 self.doc.null();
                 Ok(())
-            } else if ty == addr_of_mut!(ffi::PyBool_Type) {
-                self.doc.bool(obj == ffi::Py_True());
+            } else if obj == ffi::Py_True() {
+                self.doc.bool(true);
                 Ok(())
-            } else if ffi::PyTuple_Check(obj) != 0 {
+            } else if obj == ffi::Py_False() {
+                self.doc.bool(false);
+                Ok(())
+            } else {
+                self.other(obj)
+            }
+        }
+    }
+
+    /// Tuples and subclasses of the JSON types (`bool` cannot be subclassed, and both its
+    /// instances were handled above, so `int` subclasses here are never booleans).
+    #[inline(never)]
+    unsafe fn other(&mut self, obj: *mut ffi::PyObject) -> Result<(), Boxed> {
+        // SAFETY: as for `value`.
+        unsafe {
+            if ffi::PyTuple_Check(obj) != 0 {
                 self.sequence(obj, ffi::PyTuple_Size, ffi::PyTuple_GetItem)
             } else if ffi::PyUnicode_Check(obj) != 0 {
-                let s = Self::utf8(obj).ok_or_else(|| Box::new(lone_surrogate()))?;
-                self.doc.str(s);
-                Ok(())
+                self.str(obj)
             } else if ffi::PyLong_Check(obj) != 0 {
                 self.int(obj)
             } else if ffi::PyFloat_Check(obj) != 0 {
@@ -100,6 +118,14 @@ impl Walk<'_> {
         }
     }
 
+    #[inline]
+    unsafe fn str(&mut self, obj: *mut ffi::PyObject) -> Result<(), Boxed> {
+        // SAFETY: `obj` is a str (checked by the caller).
+        let s = unsafe { Self::utf8(obj) }.ok_or_else(|| Box::new(lone_surrogate()))?;
+        self.doc.str(s);
+        Ok(())
+    }
+
     unsafe fn int(&mut self, obj: *mut ffi::PyObject) -> Result<(), Boxed> {
         let mut overflow: c_int = 0;
         // SAFETY: `obj` is an int (checked by the caller).
@@ -113,6 +139,7 @@ impl Walk<'_> {
         self.doc.int(v).map_err(Box::new)
     }
 
+    #[inline(never)]
     unsafe fn dict(&mut self, obj: *mut ffi::PyObject) -> Result<(), Boxed> {
         self.enter(obj)?;
         let open = self.doc.begin_object();
@@ -159,6 +186,7 @@ impl Walk<'_> {
     }
 
     /// Lists and tuples: `size` and `get` are the matching C API pair (borrowed items).
+    #[inline(never)]
     unsafe fn sequence(
         &mut self,
         obj: *mut ffi::PyObject,

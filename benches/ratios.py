@@ -1,15 +1,15 @@
-"""Turn a pytest-benchmark JSON file into the ratio table of benches/RESULTS.md.
+"""Turn a pytest-benchmark JSON file into the ratio tables of benches/RESULTS.md.
 
     python benches/ratios.py bench.json
 
-Ratios compare medians measured in the same run: "x faster" = other / fencepost.
+Every figure is a median from the same run. Benchmarks that time several operations per round
+record ``extra_info["ops"]``; their figures are per operation.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
-import platform
 import sys
 from collections import defaultdict
 
@@ -18,22 +18,26 @@ def main(path: str) -> int:
     data = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
     groups: dict[str, dict[str, float]] = defaultdict(dict)
     for b in data["benchmarks"]:
-        impl = b["extra_info"].get("impl") or b["name"].split("[")[0]
-        groups[b["group"]][impl] = b["stats"]["median"] * 1e6
-    info = data["machine_info"]
+        info = b["extra_info"]
+        impl = info.get("impl") or b["name"].split("[")[0]
+        groups[b["group"]][impl] = b["stats"]["median"] * 1e6 / info.get("ops", 1)
+    cpu = data["machine_info"].get("cpu", {})
     print(
-        f"Machine: {info.get('cpu', {}).get('brand_raw', platform.processor())}, "
-        f"{info.get('cpu', {}).get('count', '?')} cores, Python {info['python_version']}, "
-        f"{data['datetime'][:10]}."
+        f"Machine: {cpu.get('brand_raw', '?')}, {cpu.get('count', '?')} cores, "
+        f"Python {data['machine_info']['python_version']}, {data['datetime'][:10]}."
     )
+    floor = groups.get("raw commit floor", {}).get("sqlite3")
     print()
-    print("| group | impl | median µs | fencepost speed-up |")
-    print("|---|---|--:|--:|")
+    print("| group | impl | median µs/op | vs fencepost | fencepost / commit floor |")
+    print("|---|---|--:|--:|--:|")
     for group, impls in sorted(groups.items()):
-        base = impls.get("fencepost.digest") or next(iter(impls.values()))
+        base = impls.get("fencepost.digest") or impls.get("fencepost")
         for impl, us in sorted(impls.items(), key=lambda kv: kv[1]):
-            ratio = us / base
-            print(f"| {group} | {impl} | {us:.2f} | {ratio:.2f}x |")
+            ratio = f"{us / base:.2f}x" if base else "-"
+            over_floor = (
+                f"{us / floor:.2f}x" if floor and impl == "fencepost" and "tx" in group else ""
+            )
+            print(f"| {group} | {impl} | {us:.2f} | {ratio} | {over_floor} |")
     return 0
 
 

@@ -482,6 +482,12 @@ impl<'a> Writer<'a> {
     }
 }
 
+/// Canonical bytes as text, for TEXT columns. The writer only ever emits UTF-8 (it copies
+/// `&str` contents and ASCII), so the lossy branch is unreachable in practice.
+pub fn into_text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
 /// The canonical UTF-8 bytes of `value` (RFC 8785).
 pub fn to_vec(value: &Value) -> Vec<u8> {
     let mut doc = Doc::default();

@@ -4,11 +4,22 @@
 //! `cargo test --no-default-features` exercises them without libpython. The `python` feature
 //! adds the `fencepost._core` extension module.
 
+pub mod attempts;
+pub mod blobs;
 pub mod canonical;
 pub mod errors;
+pub mod events;
+pub mod ids;
+pub mod leases;
+pub mod model;
+pub mod runs;
+pub mod store;
 
 #[cfg(feature = "python")]
 pub mod py;
+
+/// The version of the plan format stored with each run (`runs.plan_version`).
+pub const PLAN_VERSION: i64 = 1;
 
 /// The crate version, exported to Python as `fencepost._core.__version__`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -23,10 +34,14 @@ mod _core {
     #[pymodule_export]
     use crate::py::{canonical_json, digest};
 
+    #[pymodule_export]
+    use crate::py::ledger::PyLedger;
+
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", crate::VERSION)?;
         m.add("MAX_DEPTH", crate::canonical::MAX_DEPTH)?;
+        m.add("SCHEMA_VERSION", crate::store::migrate::SCHEMA_VERSION)?;
         Ok(())
     }
 }

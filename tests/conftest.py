@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -40,3 +42,41 @@ settings.load_profile(os.environ.get("FENCEPOST_HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(scope="session")
 def jcs_dir() -> pathlib.Path:
     return shared_dir() / "vectors" / "jcs"
+
+
+class FakeClock:
+    """An injectable clock (DESIGN §2: `Ledger.open(..., clock=...)`): epoch ms, moved by hand."""
+
+    def __init__(self, start_ms: int = 1_764_720_000_000) -> None:
+        self.now = start_ms
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> int:
+        self.now += ms
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(params=["file", "memory"])
+def ledger(
+    request: pytest.FixtureRequest, tmp_path: pathlib.Path, clock: FakeClock
+) -> Iterator[Any]:
+    """A fresh ledger on each backend, with the injected clock."""
+    import fencepost as fp
+
+    target = str(tmp_path / "ledger.db") if request.param == "file" else ":memory:"
+    with fp.Ledger.open(target, clock=clock) as opened:
+        yield opened
+
+
+STEPS = [
+    {"id": "plan", "title": "Plan", "instructions": "Write the plan"},
+    {"id": "build", "title": "Build", "instructions": "Build it", "completion": {"kind": "auto"}},
+    {"id": "ship", "title": "Ship"},
+]

@@ -3,6 +3,9 @@ asserts also run as a smoke test."""
 
 from __future__ import annotations
 
+import datetime as dt
+import pathlib
+
 import fencepost as fp
 
 
@@ -34,3 +37,29 @@ def test_errors_are_typed() -> None:
     assert generations == (1, 2)
     busy: TimeoutError = fp.StoreBusy(waited_ms=1, retries=2)
     assert isinstance(busy, fp.LedgerError)
+
+
+def test_ledger_is_typed(tmp_path: pathlib.Path) -> None:
+    with fp.Ledger.open(str(tmp_path / "typed.db")) as ledger:
+        run: fp.Run = ledger.start_run("wf", scope_key="s", steps=[{"id": "a"}])
+        started: dt.datetime = run.created_at
+        res: fp.Reservation = ledger.reserve_attempt(run.run_id, "u", step_id="a")
+        ok: bool = ledger.finish_attempt(
+            run.run_id, "u", res.attempt, res.dispatch_id, status="completed", tokens=3
+        )
+        acc: fp.Accounting = ledger.accounting(run.run_id)
+        events: list[fp.Event] = ledger.events(run.run_id)
+        steps: list[fp.Step] = ledger.steps(run.run_id)
+        units: list[fp.Unit] = ledger.units(run.run_id)
+        found: fp.Run | None = ledger.find_active_run("wf", "s")
+        listed: list[fp.Run] = ledger.list_runs(scope_key=fp.ALL_SCOPES)
+        digest: str = ledger.put_json({"k": [1]})
+        assert ok
+        assert started.tzinfo is dt.UTC
+        assert acc.total_tokens == 3
+        assert [e.type for e in events] == ["run.started", "unit.started", "unit.finished"]
+        assert [s.step_id for s in steps] == ["a"]
+        assert units[0].status == "completed"
+        assert found == ledger.get_run(run.run_id)
+        assert listed[0].run_id == run.run_id
+        assert ledger.get_json(digest) == {"k": [1]}

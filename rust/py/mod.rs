@@ -3,6 +3,7 @@
 
 pub mod convert;
 pub mod errors;
+pub mod ledger;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;

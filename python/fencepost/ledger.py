@@ -1,0 +1,424 @@
+"""The typed ``Ledger`` facade over the Rust core (DESIGN §8).
+
+The facade shapes arguments (target parsing, keyword validation) and converts results
+(epoch ms -> UTC ``datetime``, canonical JSON bytes -> values); every operation runs in Rust as
+one transaction with the GIL released.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final, Literal
+
+from fencepost import _core
+from fencepost.errors import InvalidArgument
+from fencepost.models import (
+    Accounting,
+    Attempt,
+    Event,
+    Reservation,
+    Run,
+    Step,
+    Unit,
+    from_ms,
+)
+
+__all__ = ["ALL_SCOPES", "Ledger"]
+
+
+class _AllScopes:
+    """The type of :data:`ALL_SCOPES`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "fencepost.ALL_SCOPES"
+
+
+ALL_SCOPES: Final = _AllScopes()
+"""Sentinel for ``list_runs(scope_key=ALL_SCOPES)``: every scope (``None`` means "no scope")."""
+
+Durability = Literal["normal", "full"]
+
+
+def _json(raw: bytes | None) -> Any:
+    return None if raw is None else json.loads(raw)
+
+
+def _run(t: tuple[Any, ...] | None) -> Run | None:
+    if t is None:
+        return None
+    return Run(
+        t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], _json(t[10]), _json(t[11]),
+        t[12], from_ms(t[13]), from_ms(t[14]), from_ms(t[15]),
+    )  # fmt: skip
+
+
+def _run_required(t: tuple[Any, ...]) -> Run:
+    run = _run(t)
+    assert run is not None
+    return run
+
+
+def _step(t: tuple[Any, ...]) -> Step:
+    return Step(t[0], t[1], t[2], t[3], t[4], t[5], t[6], _json(t[7]), t[8], from_ms(t[9]))
+
+
+def _unit(t: tuple[Any, ...]) -> Unit:
+    return Unit(t[0], t[1], t[2], t[3], t[4], t[5], _json(t[6]), t[7], t[8], t[9])
+
+
+def _attempt(t: tuple[Any, ...]) -> Attempt:
+    return Attempt(
+        t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], _json(t[9]), t[10], t[11],
+        from_ms(t[12]), from_ms(t[13]),
+    )  # fmt: skip
+
+
+def _event(t: tuple[Any, ...]) -> Event:
+    return Event(t[0], t[1], t[2], t[3], t[4], t[5], t[6], _json(t[7]), from_ms(t[8]))
+
+
+def _refs(workflow_refs: str | Iterable[str] | None) -> list[str] | None:
+    if workflow_refs is None:
+        return None
+    if isinstance(workflow_refs, str):
+        return [workflow_refs]
+    return list(workflow_refs)
+
+
+def _parse_target(target: object) -> str | None:
+    """A path, ``sqlite:///path`` (SQLAlchemy style: ``sqlite:////abs/path``) or ``:memory:``;
+    returns the file path, or ``None`` for an in-memory database."""
+    if not isinstance(target, str) or not target:
+        raise InvalidArgument(
+            f"target must be a non-empty str (a path, 'sqlite:///path' or ':memory:'), "
+            f"not {target!r}",
+            argument="target",
+        )
+    if target.startswith("sqlite:///"):
+        target = target[len("sqlite:///") :]
+        if not target:
+            raise InvalidArgument("target 'sqlite:///' names no file", argument="target")
+    elif target.startswith(("postgresql://", "postgres://")):
+        raise InvalidArgument(
+            "the PostgreSQL backend is not available in this build yet; use a SQLite path",
+            argument="target",
+        )
+    elif "://" in target:
+        scheme = target.split("://", 1)[0]
+        raise InvalidArgument(
+            f"unsupported target scheme {scheme!r}; use a path, 'sqlite:///path' or ':memory:'",
+            argument="target",
+        )
+    return None if target == ":memory:" else target
+
+
+class Ledger:
+    """A durable run ledger on one database. Safe to share between threads; each process
+    opens its own. Use as a context manager, or call :meth:`close` (idempotent)."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: _core.Ledger) -> None:
+        self._core = core
+
+    @classmethod
+    def open(
+        cls,
+        target: str = "fencepost.db",
+        *,
+        clock: Callable[[], int] | None = None,
+        durability: Durability = "normal",
+        busy_timeout_ms: int = 5000,
+    ) -> Ledger:
+        """Open (creating and migrating if needed) the ledger at ``target``.
+
+        ``clock`` returns epoch milliseconds and replaces the system clock everywhere (tests use
+        it to exercise expiry without sleeping). ``durability="full"`` makes every commit
+        fsync (``synchronous=FULL``); the default ``"normal"`` is WAL's crash-safe setting that
+        may lose the last commits on power loss, never consistency.
+        """
+        path = _parse_target(target)
+        if durability not in ("normal", "full"):
+            raise InvalidArgument(
+                f"durability must be 'normal' or 'full', not {durability!r}",
+                argument="durability",
+            )
+        if (
+            not isinstance(busy_timeout_ms, int)
+            or isinstance(busy_timeout_ms, bool)
+            or not 0 <= busy_timeout_ms <= 3_600_000
+        ):
+            raise InvalidArgument(
+                f"busy_timeout_ms must be an int from 0 to 3600000, not {busy_timeout_ms!r}",
+                argument="busy_timeout_ms",
+            )
+        if clock is not None and not callable(clock):
+            raise InvalidArgument(
+                f"clock must be a callable returning epoch milliseconds, not {clock!r}",
+                argument="clock",
+            )
+        return cls(_core.Ledger(path, durability, busy_timeout_ms, clock))
+
+    def close(self) -> None:
+        """Close the database connection. Idempotent; later calls raise ``LedgerError``."""
+        self._core.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def pragmas(self) -> dict[str, Any]:
+        """The connection settings read back from the database (``fencepost doctor`` shows
+        them): ``journal_mode``, ``synchronous``, ``busy_timeout``, ``foreign_keys``,
+        ``schema_version``."""
+        return dict(self._core.pragmas())
+
+    # ------------------------------------------------------------------ blobs
+
+    def put_json(self, value: object) -> str:
+        """Store ``value`` as canonical JSON; returns its digest (idempotent)."""
+        return self._core.put_json(value)
+
+    def get_json(self, digest: str) -> Any:
+        """The value stored under ``digest``; ``NotFound`` if there is none."""
+        return json.loads(self._core.get_json(digest))
+
+    # ------------------------------------------------------------------ runs and steps
+
+    def start_run(
+        self,
+        workflow_ref: str,
+        *,
+        scope_key: str | None,
+        steps: Sequence[Mapping[str, Any]],
+        params: Any = None,
+        plan: Any = None,
+        run_id: str | None = None,
+        title: str | None = None,
+        guard_refs: Iterable[str] | None = None,
+        force: bool = False,
+        agent_harness: str | None = None,
+        agent_session_id: str | None = None,
+    ) -> Run:
+        """Start a top-level run: run, steps, plan and ``run.started`` in one transaction.
+
+        Unless ``force``, refuses with ``ActiveRunExists`` while another top-level run of any of
+        ``guard_refs`` (default ``[workflow_ref]``) is ``active`` in ``scope_key``; the database
+        enforces it, so racing processes cannot both win. ``params`` defaults to ``{}``.
+        """
+        return _run_required(
+            self._core.start_run(
+                workflow_ref, scope_key, steps, params, plan, run_id, title,
+                _refs(guard_refs), force, agent_harness, agent_session_id,
+            )
+        )  # fmt: skip
+
+    def publish_child_run(
+        self,
+        parent_run_id: str,
+        *,
+        parent_unit_id: str,
+        invocation_key: str,
+        workflow_ref: str,
+        steps: Sequence[Mapping[str, Any]],
+        params: Any = None,
+        plan: Any = None,
+        run_id: str | None = None,
+    ) -> Run:
+        """Publish the child of ``parent_run_id`` for ``invocation_key``, or return the one
+        already published (idempotent; concurrent publishers all get the same child)."""
+        return _run_required(
+            self._core.publish_child_run(
+                parent_run_id, parent_unit_id, invocation_key, workflow_ref, steps, params, plan,
+                run_id,
+            )
+        )  # fmt: skip
+
+    def get_run(self, run_id: str) -> Run | None:
+        """The run, or ``None``."""
+        return _run(self._core.get_run(run_id))
+
+    def resolve_run_id(self, prefix: str) -> str:
+        """The one run id starting with ``prefix`` (``%``, ``_`` and ``\\`` are literal);
+        ``AmbiguousRunId`` lists the matches, ``RunNotFound`` if there are none."""
+        return self._core.resolve_run_id(prefix)
+
+    def list_runs(
+        self,
+        *,
+        scope_key: str | _AllScopes | None = ALL_SCOPES,
+        workflow_refs: Iterable[str] | None = None,
+        active_only: bool = False,
+        include_children: bool = False,
+    ) -> list[Run]:
+        """Runs, most recently updated first. ``active_only`` means exactly ``active`` (not
+        ``blocked``); children are left out unless ``include_children``."""
+        all_scopes = isinstance(scope_key, _AllScopes)
+        scope = None if isinstance(scope_key, _AllScopes) else scope_key
+        rows = self._core.list_runs(
+            all_scopes, scope, _refs(workflow_refs), active_only, include_children
+        )
+        return [_run_required(r) for r in rows]
+
+    def find_active_run(self, workflow_refs: str | Iterable[str], scope_key: str) -> Run | None:
+        """The newest top-level ``active`` run of these refs in ``scope_key``."""
+        return _run(self._core.find_active_run(_refs(workflow_refs), scope_key, False))
+
+    def find_active_run_outside_scope(
+        self, workflow_refs: str | Iterable[str], scope_key: str
+    ) -> Run | None:
+        """The newest top-level ``active`` run of these refs in any *other* scope (or none)."""
+        return _run(self._core.find_active_run(_refs(workflow_refs), scope_key, True))
+
+    def find_scope_occupant(self, scope_key: str) -> Run | None:
+        """The newest top-level ``active`` or ``blocked`` run in ``scope_key``."""
+        return _run(self._core.find_scope_occupant(scope_key))
+
+    def child_runs(self, parent_run_id: str) -> list[Run]:
+        """Children of a run, oldest first."""
+        return [_run_required(r) for r in self._core.child_runs(parent_run_id)]
+
+    def steps(self, run_id: str) -> list[Step]:
+        """The run's steps in plan order; ``RunNotFound`` for an unknown run."""
+        return [_step(t) for t in self._core.steps(run_id)]
+
+    def complete_step(
+        self,
+        run_id: str,
+        step_id: str,
+        *,
+        status: str = "completed",
+        notes: str | None = None,
+        evidence: Any = None,
+        summary: str | None = None,
+        claim: Any = None,
+    ) -> Run:
+        """Finish the current step. ``completed``/``skipped`` advance to the next step (the last
+        one completes the run); ``blocked`` and ``failed`` block the run until ``resume_run``."""
+        return _run_required(
+            self._core.complete_step(run_id, step_id, status, notes, evidence, summary, claim)
+        )
+
+    def block_run(self, run_id: str, *, notes: str | None = None) -> Run:
+        """``active`` -> ``blocked``; the current step is marked blocked with ``notes``."""
+        return _run_required(self._core.block_run(run_id, notes))
+
+    def resume_run(self, run_id: str) -> Run:
+        """``blocked`` -> ``active``, reopening the current step (notes and evidence cleared).
+        Refused with ``ActiveRunExists`` if the scope gained an active run meanwhile."""
+        return _run_required(self._core.resume_run(run_id))
+
+    def abandon_run(self, run_id: str) -> bool:
+        """Cancel a non-terminal run; ``False`` if it was already terminal."""
+        return self._core.abandon_run(run_id)
+
+    def set_outputs(self, run_id: str, outputs: Any, *, claim: Any = None) -> None:
+        """Record the run's resolved outputs (stored as a canonical JSON blob)."""
+        self._core.set_outputs(run_id, outputs, claim)
+
+    # ------------------------------------------------------------------ attempts
+
+    def reserve_attempt(
+        self,
+        run_id: str,
+        unit_id: str,
+        *,
+        step_id: str,
+        node_id: str | None = None,
+        phase: str = "unit",
+        runner: str | None = None,
+        engine: str | None = None,
+        model: str | None = None,
+        input_hash: str | None = None,
+        worktree_path: str | None = None,
+        parent_unit_id: str | None = None,
+        holder: str | None = None,
+        claim: Any = None,
+    ) -> Reservation:
+        """Reserve attempt n+1 of a unit, or reclaim its still-running latest attempt in place
+        (same number and ``dispatch_id``; refused if ``step_id``/``input_hash`` changed)."""
+        return Reservation(
+            *self._core.reserve_attempt(
+                run_id, unit_id, step_id, node_id, phase, runner, engine, model, input_hash,
+                worktree_path, parent_unit_id, holder, claim,
+            )
+        )  # fmt: skip
+
+    def reserve_attempts(
+        self, run_id: str, units: Sequence[Mapping[str, Any]], *, claim: Any = None
+    ) -> list[Reservation]:
+        """``reserve_attempt`` for many units in one transaction (all or nothing). Each dict
+        takes ``unit_id`` plus the keywords of ``reserve_attempt``."""
+        return [Reservation(*t) for t in self._core.reserve_attempts(run_id, units, claim)]
+
+    def finish_attempt(
+        self,
+        run_id: str,
+        unit_id: str,
+        attempt: int,
+        dispatch_id: str,
+        *,
+        status: str,
+        result: Any = None,
+        tokens: int | None = None,
+        failure_reason: str | None = None,
+        session_id: str | None = None,
+        claim: Any = None,
+    ) -> bool:
+        """Record the terminal result of a running attempt (compare-and-set on run, unit,
+        attempt, ``dispatch_id`` and ``running``). ``False``, and nothing written, for a
+        duplicate, late or unknown finish."""
+        return self._core.finish_attempt(
+            run_id, unit_id, attempt, dispatch_id, status, result, tokens, failure_reason,
+            session_id, claim,
+        )  # fmt: skip
+
+    def finish_attempts(
+        self, finishes: Sequence[Mapping[str, Any]], *, claim: Any = None
+    ) -> list[bool]:
+        """``finish_attempt`` for many attempts in one transaction; each dict takes ``run_id``,
+        ``unit_id``, ``attempt``, ``dispatch_id`` plus the keywords of ``finish_attempt``."""
+        return self._core.finish_attempts(finishes, claim)
+
+    def attempts(self, run_id: str, unit_id: str) -> list[Attempt]:
+        """Every attempt of a unit, oldest first."""
+        return [_attempt(t) for t in self._core.attempts(run_id, unit_id)]
+
+    def units(self, run_id: str, *, step_id: str | None = None) -> list[Unit]:
+        """The run's unit projections, in order of first reservation."""
+        return [_unit(t) for t in self._core.units(run_id, step_id)]
+
+    def unit(self, run_id: str, unit_id: str) -> Unit | None:
+        """One unit projection, or ``None``."""
+        t = self._core.unit(run_id, unit_id)
+        return None if t is None else _unit(t)
+
+    def accounting(self, run_id: str) -> Accounting:
+        """Attempt and token totals, split by phase; unfinished attempts count as attempts."""
+        return Accounting(*self._core.accounting(run_id))
+
+    # ------------------------------------------------------------------ events
+
+    def events(
+        self,
+        run_id: str | None = None,
+        *,
+        after_seq: int = 0,
+        limit: int = 1000,
+        types: Iterable[str] | None = None,
+    ) -> list[Event]:
+        """Events in commit order (``seq``), optionally of one run and of some ``types``;
+        page with ``after_seq`` (the last ``seq`` you saw)."""
+        wanted = None if types is None else list(types)
+        return [_event(t) for t in self._core.events(run_id, after_seq, limit, wanted)]

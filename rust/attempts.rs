@@ -1,0 +1,452 @@
+//! Attempts, the dispatcher's hot path (DESIGN §1.1–1.2, §4 "Attempts").
+//!
+//! Reserving either appends attempt n+1 with a fresh `dispatch_id` and a `unit.started` event,
+//! or — when the latest attempt is still `running` — reclaims it in place: same number, same
+//! `dispatch_id`, reclaim count + 1, no event, and refused if the step or input changed
+//! (`PRIOR_ART` C1.7). Finishing is a compare-and-set on (run, unit, attempt, dispatch id,
+//! running): exactly one finish per attempt writes, every other returns `false` and writes
+//! nothing. Batches run in one transaction, all or nothing.
+
+use rusqlite::params;
+
+use crate::canonical::Value;
+use crate::errors::{LedgerError, Result};
+use crate::events::{self, Actor};
+use crate::ids::{check_name, new_dispatch_id};
+use crate::leases::{self, Fence};
+use crate::model::{Accounting, Attempt, Reservation, Unit};
+use crate::runs::run_state;
+use crate::store::sqlite::{sql, SqliteStore, Tx};
+
+/// One unit to reserve.
+#[derive(Debug, Clone, Default)]
+pub struct UnitSpec {
+    /// Unit id.
+    pub unit_id: String,
+    /// Step the unit belongs to.
+    pub step_id: String,
+    /// Plan node.
+    pub node_id: Option<String>,
+    /// `unit` (dispatch) or `gate`.
+    pub phase: String,
+    /// Runner.
+    pub runner: Option<String>,
+    /// Engine.
+    pub engine: Option<String>,
+    /// Model.
+    pub model: Option<String>,
+    /// Opaque hash of the unit's input.
+    pub input_hash: Option<String>,
+    /// Worktree.
+    pub worktree_path: Option<String>,
+    /// Fan-out template parent.
+    pub parent_unit_id: Option<String>,
+    /// Who holds the reservation.
+    pub holder: Option<String>,
+}
+
+impl UnitSpec {
+    fn check(&self) -> Result<()> {
+        check_name("unit_id", &self.unit_id)?;
+        check_name("step_id", &self.step_id)?;
+        if !matches!(self.phase.as_str(), "unit" | "gate") {
+            return Err(LedgerError::invalid(
+                "phase",
+                format!("{:?} is not a phase; use \"unit\" or \"gate\"", self.phase),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One finish.
+#[derive(Debug, Clone, Default)]
+pub struct FinishSpec {
+    /// Run id.
+    pub run_id: String,
+    /// Unit id.
+    pub unit_id: String,
+    /// Attempt number.
+    pub attempt: i64,
+    /// The attempt's dispatch id.
+    pub dispatch_id: String,
+    /// `completed`, `failed`, `cancelled` or `timed_out`.
+    pub status: String,
+    /// Canonical JSON result.
+    pub result: Option<String>,
+    /// Tokens spent.
+    pub tokens: Option<i64>,
+    /// Why it failed.
+    pub failure_reason: Option<String>,
+    /// Agent session.
+    pub session_id: Option<String>,
+}
+
+impl FinishSpec {
+    fn check(&self) -> Result<()> {
+        if !matches!(
+            self.status.as_str(),
+            "completed" | "failed" | "cancelled" | "timed_out"
+        ) {
+            return Err(LedgerError::invalid(
+                "status",
+                format!(
+                    "{:?} is not a terminal attempt status; use completed, failed, cancelled or \
+                     timed_out",
+                    self.status
+                ),
+            ));
+        }
+        if self.tokens.is_some_and(|t| t < 0) {
+            return Err(LedgerError::invalid(
+                "tokens",
+                "must be a non-negative int or None",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Reserve (or reclaim) attempts for `units` of one run, in one transaction.
+pub fn reserve_attempts(
+    store: &mut SqliteStore,
+    run_id: &str,
+    units: &[UnitSpec],
+    fence: Option<&Fence>,
+    now_ms: i64,
+) -> Result<Vec<Reservation>> {
+    for u in units {
+        u.check()?;
+    }
+    // Random ids are drawn before BEGIN so the write lock covers only SQL (STYLE §2).
+    let dispatch_ids: Vec<String> = units.iter().map(|_| new_dispatch_id()).collect();
+    store.write("reserving attempts", |tx| {
+        let actor = leases::check(tx, run_id, fence, now_ms)?;
+        let state = run_state(tx, run_id)?;
+        if state.status != "active" {
+            return Err(LedgerError::RunNotActive {
+                run_id: run_id.to_owned(),
+                status: state.status,
+            });
+        }
+        units
+            .iter()
+            .zip(&dispatch_ids)
+            .map(|(u, d)| reserve_one(tx, run_id, u, d, &actor, now_ms))
+            .collect()
+    })
+}
+
+fn reserve_one(
+    tx: &Tx<'_>,
+    run_id: &str,
+    u: &UnitSpec,
+    dispatch_id: &str,
+    actor: &Actor<'_>,
+    now_ms: i64,
+) -> Result<Reservation> {
+    let latest: Option<Latest> =
+        tx.row(sql::LATEST_ATTEMPT_SQL, params![run_id, u.unit_id], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Option<String>>(3)?,
+                r.get::<_, Option<String>>(4)?,
+                r.get::<_, Option<i64>>(6)?,
+            ))
+        })?;
+    if let Some(l) = &latest {
+        if l.2 == "running" {
+            return reclaim(tx, run_id, u, l);
+        }
+    }
+    let attempt = latest.as_ref().map_or(1, |l| l.0 + 1);
+    tx.exec(
+        sql::RESERVE_ATTEMPT_UNIT_SQL,
+        params![
+            run_id,
+            u.unit_id,
+            u.step_id,
+            u.node_id,
+            u.parent_unit_id,
+            u.phase,
+            u.runner,
+            u.engine,
+            u.model,
+            u.input_hash,
+            u.worktree_path,
+            u.holder,
+            attempt,
+            now_ms
+        ],
+    )?;
+    tx.exec(
+        sql::RESERVE_ATTEMPT_INSERT_SQL,
+        params![
+            run_id,
+            u.unit_id,
+            attempt,
+            dispatch_id,
+            u.step_id,
+            u.node_id,
+            u.phase,
+            u.input_hash,
+            u.holder,
+            actor.generation,
+            now_ms
+        ],
+    )?;
+    let payload = Value::Object(vec![
+        ("attempt".into(), Value::Int(attempt)),
+        ("dispatch_id".into(), Value::Str(dispatch_id.to_owned())),
+        ("phase".into(), Value::Str(u.phase.clone())),
+        ("run_id".into(), Value::Str(run_id.to_owned())),
+        ("status".into(), Value::Str("running".into())),
+        ("step_id".into(), Value::Str(u.step_id.clone())),
+        ("unit_id".into(), Value::Str(u.unit_id.clone())),
+    ]);
+    events::append(tx, run_id, "unit.started", &payload, actor, now_ms)?;
+    Ok(Reservation {
+        run_id: run_id.to_owned(),
+        unit_id: u.unit_id.clone(),
+        reclaimed: false,
+        attempt,
+        dispatch_id: dispatch_id.to_owned(),
+        reclaims: 0,
+        lease_generation: actor.generation,
+    })
+}
+
+/// The latest attempt of a unit: number, dispatch id, status, step, input hash, generation.
+type Latest = (
+    i64,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+);
+
+/// Hand a still-running attempt back in place (DESIGN §1.1): same number and dispatch id, one
+/// more reclaim, no event.
+fn reclaim(tx: &Tx<'_>, run_id: &str, u: &UnitSpec, latest: &Latest) -> Result<Reservation> {
+    let (attempt, dispatch, _, step, input, generation) = latest;
+    if step.as_deref() != Some(u.step_id.as_str()) {
+        return Err(LedgerError::invalid(
+            "step_id",
+            format!(
+                "attempt {attempt} of unit {:?} is still running for step {:?}; finish it before \
+                 reserving the unit for step {:?}",
+                u.unit_id,
+                step.as_deref().unwrap_or(""),
+                u.step_id
+            ),
+        ));
+    }
+    if let (Some(want), Some(had)) = (&u.input_hash, input) {
+        if want != had {
+            return Err(LedgerError::invalid(
+                "input_hash",
+                format!(
+                    "attempt {attempt} of unit {:?} is still running with input {had:?}; a \
+                     reclaim cannot change the input to {want:?} (finish it first)",
+                    u.unit_id
+                ),
+            ));
+        }
+    }
+    let reclaims: i64 = tx
+        .row(
+            sql::RECLAIM_ATTEMPT_SQL,
+            params![run_id, u.unit_id, attempt, u.holder],
+            |r| r.get(0),
+        )?
+        .unwrap_or(0);
+    tx.exec(sql::RECLAIM_UNIT_SQL, params![run_id, u.unit_id, u.holder])?;
+    Ok(Reservation {
+        run_id: run_id.to_owned(),
+        unit_id: u.unit_id.clone(),
+        reclaimed: true,
+        attempt: *attempt,
+        dispatch_id: dispatch.clone(),
+        reclaims,
+        lease_generation: *generation,
+    })
+}
+
+/// Finish attempts in one transaction; one `bool` per finish.
+pub fn finish_attempts(
+    store: &mut SqliteStore,
+    finishes: &[FinishSpec],
+    fence: Option<&Fence>,
+    now_ms: i64,
+) -> Result<Vec<bool>> {
+    for f in finishes {
+        f.check()?;
+    }
+    store.write("finishing attempts", |tx| {
+        let mut checked: Option<(&str, Actor<'_>)> = None;
+        let mut out = Vec::with_capacity(finishes.len());
+        for f in finishes {
+            // The fence is checked once per run in the batch (a claim names one run).
+            let actor = match &checked {
+                Some((run, actor)) if *run == f.run_id => actor.clone(),
+                _ if fence.is_none() => Actor::default(),
+                _ => {
+                    let actor = leases::check(tx, &f.run_id, fence, now_ms)?;
+                    checked = Some((&f.run_id, actor.clone()));
+                    actor
+                }
+            };
+            out.push(finish_one(tx, f, &actor, now_ms)?);
+        }
+        Ok(out)
+    })
+}
+
+fn finish_one(tx: &Tx<'_>, f: &FinishSpec, actor: &Actor<'_>, now_ms: i64) -> Result<bool> {
+    let Some((step_id, phase)) = tx.row(
+        sql::FINISH_ATTEMPT_SQL,
+        params![
+            f.run_id,
+            f.unit_id,
+            f.attempt,
+            f.dispatch_id,
+            f.status,
+            f.result,
+            f.tokens,
+            f.failure_reason,
+            f.session_id,
+            now_ms
+        ],
+        |r| Ok((r.get::<_, Option<String>>(0)?, r.get::<_, String>(1)?)),
+    )?
+    else {
+        // A duplicate, late or unknown finish: nothing matched, nothing is written.
+        return Ok(false);
+    };
+    let projected = tx.exec(
+        sql::FINISH_ATTEMPT_UNIT_SQL,
+        params![
+            f.run_id,
+            f.unit_id,
+            f.attempt,
+            f.status,
+            f.result,
+            f.tokens,
+            f.failure_reason,
+            f.session_id,
+            now_ms
+        ],
+    )?;
+    if projected != 1 {
+        // Unreachable while reservations keep the projection in step; refuse rather than
+        // commit an attempt whose unit disagrees (the transaction rolls back).
+        return Err(LedgerError::Store {
+            operation: "finishing an attempt".into(),
+            message: format!(
+                "unit {:?} of run {:?} does not show attempt {} as running; run `fencepost doctor`",
+                f.unit_id, f.run_id, f.attempt
+            ),
+        });
+    }
+    let mut payload = vec![
+        ("attempt".into(), Value::Int(f.attempt)),
+        ("dispatch_id".into(), Value::Str(f.dispatch_id.clone())),
+        ("phase".into(), Value::Str(phase)),
+        ("run_id".into(), Value::Str(f.run_id.clone())),
+        ("status".into(), Value::Str(f.status.clone())),
+        ("step_id".into(), step_id.map_or(Value::Null, Value::Str)),
+        ("unit_id".into(), Value::Str(f.unit_id.clone())),
+    ];
+    // As upstream (AK-06, AK-08): the reason only when there is one, tokens only when known;
+    // results and session ids stay out of the log.
+    if let Some(reason) = f.failure_reason.as_ref().filter(|r| !r.is_empty()) {
+        payload.push(("failure_reason".into(), Value::Str(reason.clone())));
+    }
+    if let Some(tokens) = f.tokens {
+        payload.push(("tokens".into(), Value::Int(tokens)));
+    }
+    events::append(
+        tx,
+        &f.run_id,
+        "unit.finished",
+        &Value::Object(payload),
+        actor,
+        now_ms,
+    )?;
+    Ok(true)
+}
+
+/// Every attempt of a unit, oldest first.
+pub fn attempts(store: &mut SqliteStore, run_id: &str, unit_id: &str) -> Result<Vec<Attempt>> {
+    store.read("listing attempts", |tx| {
+        tx.rows(sql::LIST_ATTEMPTS_SQL, params![run_id, unit_id], |r| {
+            Ok(Attempt {
+                run_id: r.get(0)?,
+                unit_id: r.get(1)?,
+                attempt: r.get(2)?,
+                dispatch_id: r.get(3)?,
+                status: r.get(4)?,
+                phase: r.get(5)?,
+                holder: r.get(6)?,
+                lease_generation: r.get(7)?,
+                reclaims: r.get(8)?,
+                result: r.get::<_, Option<String>>(9)?.map(String::into_bytes),
+                tokens: r.get(10)?,
+                failure_reason: r.get(11)?,
+                started_at: r.get(12)?,
+                finished_at: r.get(13)?,
+            })
+        })
+    })
+}
+
+fn unit_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Unit> {
+    Ok(Unit {
+        run_id: r.get(0)?,
+        unit_id: r.get(1)?,
+        step_id: r.get(2)?,
+        phase: r.get(3)?,
+        status: r.get(4)?,
+        attempts: r.get(5)?,
+        result: r.get::<_, Option<String>>(6)?.map(String::into_bytes),
+        tokens: r.get(7)?,
+        failure_reason: r.get(8)?,
+        claim_holder: r.get(9)?,
+    })
+}
+
+/// The run's unit projections in order of first reservation.
+pub fn units(store: &mut SqliteStore, run_id: &str, step_id: Option<&str>) -> Result<Vec<Unit>> {
+    store.read("listing units", |tx| {
+        tx.rows(sql::LIST_UNITS_SQL, params![run_id, step_id], unit_from_row)
+    })
+}
+
+/// One unit projection.
+pub fn unit(store: &mut SqliteStore, run_id: &str, unit_id: &str) -> Result<Option<Unit>> {
+    store.read("reading a unit", |tx| {
+        tx.row(sql::GET_UNIT_SQL, params![run_id, unit_id], unit_from_row)
+    })
+}
+
+/// Attempt and token totals of a run.
+pub fn accounting(store: &mut SqliteStore, run_id: &str) -> Result<Accounting> {
+    store.read("reading accounting", |tx| {
+        run_state(tx, run_id)?;
+        Ok(tx
+            .row(sql::ACCOUNTING_SQL, [run_id], |r| {
+                Ok(Accounting {
+                    total_attempts: r.get(0)?,
+                    total_tokens: r.get(1)?,
+                    dispatch_attempts: r.get(2)?,
+                    dispatch_tokens: r.get(3)?,
+                    gate_attempts: r.get(4)?,
+                    gate_tokens: r.get(5)?,
+                })
+            })?
+            .unwrap_or_default())
+    })
+}

@@ -1,0 +1,67 @@
+//! Content-addressed JSON: `put` stores canonical bytes under `"sha256:" + hex(sha256(bytes))`
+//! (computed by the ledger, never taken from the caller) and is idempotent; `get` of an unknown
+//! digest is `NotFound`.
+
+use crate::canonical::digest_bytes;
+use crate::errors::{LedgerError, Result};
+use crate::store::sqlite::{sql, Tx};
+
+/// Store canonical JSON bytes; returns the digest.
+pub fn put(tx: &Tx<'_>, canonical: &[u8], now_ms: i64) -> Result<String> {
+    let digest = digest_bytes(canonical);
+    tx.exec(
+        sql::PUT_BLOB_SQL,
+        rusqlite::params![digest, canonical, now_ms],
+    )?;
+    Ok(digest)
+}
+
+/// Store canonical bytes whose digest was computed before the transaction began.
+pub fn put_digested(tx: &Tx<'_>, digest: &str, canonical: &[u8], now_ms: i64) -> Result<()> {
+    tx.exec(
+        sql::PUT_BLOB_SQL,
+        rusqlite::params![digest, canonical, now_ms],
+    )?;
+    Ok(())
+}
+
+/// Check the textual form of a digest argument.
+pub fn check_digest(argument: &str, digest: &str) -> Result<()> {
+    let hex = digest.strip_prefix("sha256:").unwrap_or("");
+    if hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        Ok(())
+    } else {
+        Err(LedgerError::invalid(
+            argument,
+            format!("{digest:?} is not a digest; expected \"sha256:\" and 64 lowercase hex digits"),
+        ))
+    }
+}
+
+/// The canonical bytes stored under `digest`.
+pub fn get(tx: &Tx<'_>, digest: &str) -> Result<Vec<u8>> {
+    tx.row(sql::GET_BLOB_SQL, [digest], |r| r.get(0))?
+        .ok_or_else(|| LedgerError::NotFound {
+            kind: "blob",
+            key: digest.to_owned(),
+        })
+}
+
+/// `put_json`: store canonical bytes (digested before the transaction) in their own
+/// transaction.
+pub fn put_json(
+    store: &mut crate::store::sqlite::SqliteStore,
+    json: &crate::runs::Json,
+    now_ms: i64,
+) -> Result<String> {
+    store.write("storing a blob", |tx| {
+        put_digested(tx, &json.digest, json.text.as_bytes(), now_ms)
+    })?;
+    Ok(json.digest.clone())
+}
+
+/// `get_json`: the canonical bytes under `digest`.
+pub fn get_json(store: &mut crate::store::sqlite::SqliteStore, digest: &str) -> Result<Vec<u8>> {
+    check_digest("digest", digest)?;
+    store.read("reading a blob", |tx| get(tx, digest))
+}

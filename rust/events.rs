@@ -1,0 +1,116 @@
+//! The append-only event log. Each event bumps its run's revision and records the new value,
+//! so `UNIQUE(resource_id, revision)` proves one event per revision; `seq` is the global cursor
+//! for paging.
+
+use crate::canonical::{into_text, to_vec, Value};
+use crate::errors::{LedgerError, Result};
+use crate::model::Event;
+use crate::store::sqlite::{sql, Tx};
+
+/// Who wrote an event, for fenced writes.
+#[derive(Debug, Clone, Default)]
+pub struct Actor<'a> {
+    /// `host`, `session`, `system`...
+    pub kind: Option<&'a str>,
+    /// The actor's id.
+    pub id: Option<&'a str>,
+    /// The lease generation of a fenced write.
+    pub generation: Option<i64>,
+}
+
+/// Bump the run's revision and append an event carrying it (`insert_strict`: it must insert).
+/// Returns the new revision.
+pub fn append(
+    tx: &Tx<'_>,
+    run_id: &str,
+    kind: &str,
+    payload: &Value,
+    actor: &Actor<'_>,
+    now_ms: i64,
+) -> Result<i64> {
+    let revision: i64 = tx
+        .row(sql::BUMP_REVISION_SQL, rusqlite::params![run_id], |r| {
+            r.get(0)
+        })?
+        .ok_or_else(|| LedgerError::RunNotFound {
+            run_id: run_id.to_owned(),
+        })?;
+    tx.exec(
+        sql::INSERT_EVENT_SQL,
+        rusqlite::params![
+            run_id,
+            revision,
+            kind,
+            actor.kind,
+            actor.id,
+            actor.generation,
+            into_text(to_vec(payload)),
+            Option::<&str>::None,
+            now_ms
+        ],
+    )?;
+    Ok(revision)
+}
+
+/// The largest page `list` returns.
+pub const MAX_PAGE: i64 = 10_000;
+
+/// Events after `after_seq`, optionally of one resource and of some types, oldest first.
+pub fn list(
+    tx: &Tx<'_>,
+    resource: Option<&str>,
+    after_seq: i64,
+    limit: i64,
+    types: Option<&[String]>,
+) -> Result<Vec<Event>> {
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(LedgerError::invalid(
+            "limit",
+            format!("must be from 1 to {MAX_PAGE}, not {limit}"),
+        ));
+    }
+    if after_seq < 0 {
+        return Err(LedgerError::invalid(
+            "after_seq",
+            "must be 0 or a seq you were given",
+        ));
+    }
+    let types_json = types.map(json_array);
+    tx.rows(
+        sql::LIST_EVENTS_SQL,
+        rusqlite::params![after_seq, resource, types_json, limit],
+        |r| {
+            Ok(Event {
+                seq: r.get(0)?,
+                resource_id: r.get(1)?,
+                revision: r.get(2)?,
+                kind: r.get(3)?,
+                actor_type: r.get(4)?,
+                actor_id: r.get(5)?,
+                generation: r.get(6)?,
+                payload: r.get::<_, String>(7)?.into_bytes(),
+                ts: r.get(8)?,
+            })
+        },
+    )
+}
+
+/// A list of strings as one JSON array parameter (read back with `json_each`).
+pub fn json_array(items: &[String]) -> String {
+    into_text(to_vec(&Value::Array(
+        items.iter().map(|s| Value::Str(s.clone())).collect(),
+    )))
+}
+
+/// `events(...)` in a read transaction.
+pub fn read(
+    store: &mut crate::store::sqlite::SqliteStore,
+    resource: Option<&str>,
+    after_seq: i64,
+    limit: i64,
+    types: Option<&[String]>,
+) -> Result<Vec<Event>> {
+    store.read("reading events", |tx| {
+        list(tx, resource, after_seq, limit, types)
+    })
+}

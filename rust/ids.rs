@@ -1,0 +1,88 @@
+//! Identifier rules (DESIGN §2): run ids, unit and step ids, generated UUIDs, claim tokens.
+//!
+//! - A run id is 1–128 characters of `[A-Za-z0-9._:-]`; generated ones are UUIDv7 so they sort
+//!   by creation time.
+//! - Unit and step ids are free-form but bounded: 1–256 characters, no control characters.
+//! - Dispatch ids are UUIDv4: unguessable, stable across reclaims of one attempt.
+
+use crate::errors::{LedgerError, Result};
+
+/// The longest accepted run id.
+pub const MAX_RUN_ID: usize = 128;
+/// The longest accepted unit, step or other free-form id.
+pub const MAX_NAME: usize = 256;
+
+/// Check a caller-supplied run id; `argument` names the parameter in the error.
+pub fn check_run_id(argument: &str, run_id: &str) -> Result<()> {
+    let ok = !run_id.is_empty()
+        && run_id.len() <= MAX_RUN_ID
+        && run_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(LedgerError::invalid(
+            argument,
+            format!(
+                "{run_id:?} is not a valid run id: use 1-{MAX_RUN_ID} characters of \
+                 A-Z a-z 0-9 . _ : -"
+            ),
+        ))
+    }
+}
+
+/// Check a free-form id (unit, step, node, holder...).
+pub fn check_name(argument: &str, value: &str) -> Result<()> {
+    if value.is_empty() || value.chars().count() > MAX_NAME || value.chars().any(char::is_control) {
+        Err(LedgerError::invalid(
+            argument,
+            format!("{value:?} is not valid: use 1-{MAX_NAME} characters, no control characters"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// A new time-ordered run id (UUIDv7, lowercase hyphenated).
+pub fn new_run_id() -> String {
+    uuid::Uuid::now_v7().hyphenated().to_string()
+}
+
+/// A new dispatch id (UUIDv4).
+pub fn new_dispatch_id() -> String {
+    uuid::Uuid::new_v4().hyphenated().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids() {
+        for good in ["a", "run-1.a:b_c", &"x".repeat(128)] {
+            assert!(check_run_id("run_id", good).is_ok(), "{good}");
+        }
+        for bad in ["", "has space", "slash/no", "é", &"x".repeat(129)] {
+            let err = check_run_id("run_id", bad).unwrap_err();
+            assert!(
+                matches!(err, LedgerError::InvalidArgument { ref argument, .. } if argument == "run_id")
+            );
+        }
+        let a = new_run_id();
+        let b = new_run_id();
+        assert_eq!(a.len(), 36);
+        assert_eq!(&a[14..15], "7");
+        assert!(a < b || a[..13] == b[..13], "UUIDv7 ids sort by time");
+        assert!(check_run_id("run_id", &a).is_ok());
+    }
+
+    #[test]
+    fn names() {
+        assert!(check_name("unit_id", "unit/1 with spaces").is_ok());
+        assert!(check_name("unit_id", "").is_err());
+        assert!(check_name("unit_id", "a\nb").is_err());
+        assert!(check_name("unit_id", &"é".repeat(257)).is_err());
+        assert_ne!(new_dispatch_id(), new_dispatch_id());
+    }
+}

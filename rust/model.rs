@@ -1,0 +1,181 @@
+//! Plain Rust records returned by the core operations. JSON fields carry canonical JSON bytes
+//! (decoded by the binding), times are epoch milliseconds.
+
+/// One run (DESIGN §8 `Run`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    /// Run id.
+    pub run_id: String,
+    /// Workflow reference.
+    pub workflow_ref: String,
+    /// Display name.
+    pub workflow_name: String,
+    /// Scope key, if any.
+    pub scope_key: Option<String>,
+    /// Lifecycle status (DESIGN §3).
+    pub status: String,
+    /// The step in progress.
+    pub current_step_id: Option<String>,
+    /// Parent run of a child run.
+    pub parent_run_id: Option<String>,
+    /// The parent's unit that spawned this child.
+    pub parent_unit_id: Option<String>,
+    /// Idempotency key of a child publication.
+    pub invocation_key: Option<String>,
+    /// Session that queued the run.
+    pub origin_session_id: Option<String>,
+    /// Canonical JSON of the params.
+    pub params: Option<Vec<u8>>,
+    /// Canonical JSON of the outputs.
+    pub outputs: Option<Vec<u8>>,
+    /// Bumped by every transition and event.
+    pub revision: i64,
+    /// Creation time.
+    pub created_at: i64,
+    /// Last change.
+    pub updated_at: i64,
+    /// Set once terminal.
+    pub completed_at: Option<i64>,
+}
+
+/// One step of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// Run id.
+    pub run_id: String,
+    /// Step id.
+    pub step_id: String,
+    /// Title.
+    pub title: String,
+    /// Instructions.
+    pub instructions: String,
+    /// Position in the plan.
+    pub sequence_index: i64,
+    /// Status.
+    pub status: String,
+    /// Notes.
+    pub notes: Option<String>,
+    /// Canonical JSON evidence.
+    pub evidence: Option<Vec<u8>>,
+    /// Summary.
+    pub summary: Option<String>,
+    /// Completion time.
+    pub completed_at: Option<i64>,
+}
+
+/// A unit's projection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unit {
+    /// Run id.
+    pub run_id: String,
+    /// Unit id.
+    pub unit_id: String,
+    /// Step.
+    pub step_id: Option<String>,
+    /// `unit` or `gate`.
+    pub phase: String,
+    /// Status of the latest attempt.
+    pub status: String,
+    /// Number of the latest attempt.
+    pub attempts: i64,
+    /// Canonical JSON result.
+    pub result: Option<Vec<u8>>,
+    /// Tokens.
+    pub tokens: Option<i64>,
+    /// Failure reason.
+    pub failure_reason: Option<String>,
+    /// Holder of the latest reservation.
+    pub claim_holder: Option<String>,
+}
+
+/// One attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// Run id.
+    pub run_id: String,
+    /// Unit id.
+    pub unit_id: String,
+    /// Attempt number, from 1.
+    pub attempt: i64,
+    /// Dedupe key.
+    pub dispatch_id: String,
+    /// Status.
+    pub status: String,
+    /// `unit` or `gate`.
+    pub phase: String,
+    /// Holder.
+    pub holder: Option<String>,
+    /// Lease generation it was reserved under.
+    pub lease_generation: Option<i64>,
+    /// Reclaims so far.
+    pub reclaims: i64,
+    /// Canonical JSON result.
+    pub result: Option<Vec<u8>>,
+    /// Tokens.
+    pub tokens: Option<i64>,
+    /// Failure reason.
+    pub failure_reason: Option<String>,
+    /// Reservation time.
+    pub started_at: i64,
+    /// Finish time.
+    pub finished_at: Option<i64>,
+}
+
+/// What a reservation returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// Run id.
+    pub run_id: String,
+    /// Unit id.
+    pub unit_id: String,
+    /// True for a reclaim in place.
+    pub reclaimed: bool,
+    /// Attempt number.
+    pub attempt: i64,
+    /// Dedupe key.
+    pub dispatch_id: String,
+    /// Reclaims so far.
+    pub reclaims: i64,
+    /// Lease generation.
+    pub lease_generation: Option<i64>,
+}
+
+/// Attempt and token totals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Accounting {
+    /// All attempts.
+    pub total_attempts: i64,
+    /// All tokens.
+    pub total_tokens: i64,
+    /// Attempts of phase `unit`.
+    pub dispatch_attempts: i64,
+    /// Tokens of phase `unit`.
+    pub dispatch_tokens: i64,
+    /// Attempts of phase `gate`.
+    pub gate_attempts: i64,
+    /// Tokens of phase `gate`.
+    pub gate_tokens: i64,
+}
+
+/// One event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Global cursor.
+    pub seq: i64,
+    /// The run (resource) it belongs to.
+    pub resource_id: String,
+    /// The resource's revision it recorded.
+    pub revision: i64,
+    /// Event type.
+    pub kind: String,
+    /// Actor type.
+    pub actor_type: Option<String>,
+    /// Actor id.
+    pub actor_id: Option<String>,
+    /// Lease generation of a fenced write.
+    pub generation: Option<i64>,
+    /// Canonical JSON payload.
+    pub payload: Vec<u8>,
+    /// Time.
+    pub ts: i64,
+}

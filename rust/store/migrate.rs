@@ -1,0 +1,193 @@
+//! Numbered, forward-only migrations embedded in the crate, recorded in `schema_migrations`.
+//!
+//! The recorded versions must be an exact ordered prefix of [`MIGRATIONS`] (akm-cli's ledger
+//! rule): a version this library does not know means the database is newer
+//! ([`LedgerError::Schema`]); a gap or a renamed migration means it is inconsistent. Pending
+//! migrations run with their ledger rows in one IMMEDIATE transaction, so a failed migration
+//! leaves the database exactly as it was.
+
+use rusqlite::{params, Connection, TransactionBehavior};
+
+use crate::errors::{LedgerError, Result};
+use crate::store::sqlite::store_error;
+
+/// One migration: its version (1, 2, ...), a name, and its SQL.
+pub struct Migration {
+    /// Position in the sequence, starting at 1.
+    pub version: i64,
+    /// Short name, recorded alongside the version.
+    pub name: &'static str,
+    /// The statements, run as one batch.
+    pub sql: &'static str,
+}
+
+/// Every migration this library knows, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "init",
+    sql: include_str!("sqlite/migrations/0001_init.sql"),
+}];
+
+/// The newest schema version this library knows.
+pub const SCHEMA_VERSION: i64 = 1;
+
+const CREATE_LEDGER_SQL: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (
+    version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL) STRICT";
+const LIST_APPLIED_SQL: &str = "SELECT version, name FROM schema_migrations ORDER BY version";
+const RECORD_SQL: &str =
+    "INSERT INTO schema_migrations(version, name, applied_at) VALUES (?1, ?2, ?3)";
+// A database with tables but no migration ledger belongs to someone else: refuse to write ours
+// into it.
+const FOREIGN_TABLES_SQL: &str = "SELECT count(*) FROM sqlite_schema WHERE type = 'table'
+    AND name NOT LIKE 'sqlite_%' AND name <> 'schema_migrations'";
+const HAS_LEDGER_SQL: &str =
+    "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'schema_migrations'";
+
+/// Bring the database up to [`SCHEMA_VERSION`]; returns the version it is at afterwards.
+pub fn migrate(conn: &mut Connection, label: &str, now_ms: i64) -> Result<i64> {
+    let op = "applying schema migrations";
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| store_error(op, label, &e))?;
+    let has_ledger: i64 = tx
+        .query_row(HAS_LEDGER_SQL, [], |r| r.get(0))
+        .map_err(|e| store_error(op, label, &e))?;
+    if has_ledger == 0 {
+        let foreign: i64 = tx
+            .query_row(FOREIGN_TABLES_SQL, [], |r| r.get(0))
+            .map_err(|e| store_error(op, label, &e))?;
+        if foreign > 0 {
+            return Err(LedgerError::Store {
+                operation: op.into(),
+                message: format!(
+                    "{label} is not a fencepost database (it holds other tables and no \
+                     schema_migrations); point fencepost at a new file"
+                ),
+            });
+        }
+        tx.execute(CREATE_LEDGER_SQL, [])
+            .map_err(|e| store_error(op, label, &e))?;
+    }
+    let applied: Vec<(i64, String)> = {
+        let mut stmt = tx
+            .prepare(LIST_APPLIED_SQL)
+            .map_err(|e| store_error(op, label, &e))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(|e| store_error(op, label, &e))?;
+        rows.collect::<Result<_, _>>()
+            .map_err(|e| store_error(op, label, &e))?
+    };
+    if let Some(&(newest, _)) = applied.last() {
+        if newest > SCHEMA_VERSION {
+            return Err(LedgerError::Schema {
+                database_version: newest,
+                library_version: SCHEMA_VERSION,
+            });
+        }
+    }
+    for (i, (version, name)) in applied.iter().enumerate() {
+        let known = &MIGRATIONS[i];
+        if *version != known.version || name != known.name {
+            return Err(LedgerError::Store {
+                operation: op.into(),
+                message: format!(
+                    "{label} has an inconsistent migration ledger (found {version} {name:?} \
+                     where {} {:?} belongs); restore it from a backup",
+                    known.version, known.name
+                ),
+            });
+        }
+    }
+    for m in &MIGRATIONS[applied.len()..] {
+        let step = format!("applying schema migration {} ({})", m.version, m.name);
+        tx.execute_batch(m.sql)
+            .map_err(|e| store_error(&step, label, &e))?;
+        tx.execute(RECORD_SQL, params![m.version, m.name, now_ms])
+            .map_err(|e| store_error(&step, label, &e))?;
+    }
+    tx.commit().map_err(|e| store_error(op, label, &e))?;
+    Ok(SCHEMA_VERSION)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_dense_and_schema_version_is_the_last() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i64::try_from(i).unwrap() + 1);
+        }
+        assert_eq!(MIGRATIONS.last().unwrap().version, SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn fresh_then_noop_then_newer_refused() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        assert_eq!(migrate(&mut conn, ":memory:", 1).unwrap(), SCHEMA_VERSION);
+        assert_eq!(migrate(&mut conn, ":memory:", 2).unwrap(), SCHEMA_VERSION);
+        let rows: i64 = conn
+            .query_row("SELECT count(*) FROM schema_migrations", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, SCHEMA_VERSION);
+        let at: i64 = conn
+            .query_row(
+                "SELECT applied_at FROM schema_migrations WHERE version = 1",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(at, 1, "re-running is a no-op");
+        conn.execute(RECORD_SQL, params![SCHEMA_VERSION + 41, "future", 0])
+            .unwrap();
+        let err = migrate(&mut conn, ":memory:", 3).unwrap_err();
+        assert_eq!(
+            err,
+            LedgerError::Schema {
+                database_version: SCHEMA_VERSION + 41,
+                library_version: SCHEMA_VERSION
+            }
+        );
+    }
+
+    #[test]
+    fn inconsistent_and_foreign_databases_are_refused() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(CREATE_LEDGER_SQL).unwrap();
+        conn.execute(RECORD_SQL, params![1, "renamed", 0]).unwrap();
+        let err = migrate(&mut conn, "x.db", 1).unwrap_err();
+        assert!(
+            matches!(err, LedgerError::Store { ref message, .. } if message.contains("inconsistent"))
+        );
+
+        let mut other = Connection::open_in_memory().unwrap();
+        other.execute_batch("CREATE TABLE theirs(x)").unwrap();
+        let err = migrate(&mut other, "theirs.db", 1).unwrap_err();
+        assert!(
+            matches!(err, LedgerError::Store { ref message, .. } if message.contains("not a fencepost database"))
+        );
+        let count: i64 = other
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE name = 'schema_migrations'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(count, 0, "nothing written into a foreign database");
+    }
+
+    #[test]
+    fn a_failing_migration_rolls_back() {
+        // Simulate: the tables of migration 1 exist already (as if half-applied by hand), so
+        // the batch fails; the ledger must stay empty.
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(CREATE_LEDGER_SQL).unwrap();
+        conn.execute_batch("CREATE TABLE blobs(x)").unwrap();
+        assert!(migrate(&mut conn, ":memory:", 1).is_err());
+        let rows: i64 = conn
+            .query_row("SELECT count(*) FROM schema_migrations", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 0);
+    }
+}

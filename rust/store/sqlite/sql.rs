@@ -1,0 +1,187 @@
+//! Every SQL statement of the ledger operations, named after the operation that runs it
+//! (STYLE §2). Each one is prepared once per connection (statement cache). Lists are passed as
+//! one JSON array parameter and read with `json_each`, so a statement never changes shape with
+//! the number of refs or types and stays cached.
+
+// ------------------------------------------------------------------ blobs
+
+/// Content addressing makes a second insert of the same digest a no-op.
+pub const PUT_BLOB_SQL: &str =
+    "INSERT INTO blobs(digest, bytes, created_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING";
+pub const GET_BLOB_SQL: &str = "SELECT bytes FROM blobs WHERE digest = ?1";
+
+// ------------------------------------------------------------------ events
+
+/// Every event bumps its run's revision, and the event carries the new revision:
+/// `UNIQUE(resource_id, revision)` then proves one event per revision. `updated_at` is left to
+/// the run-level writes (it is indexed; unit events would rewrite that index page per commit).
+pub const BUMP_REVISION_SQL: &str =
+    "UPDATE runs SET revision = revision + 1 WHERE run_id = ?1 RETURNING revision";
+pub const INSERT_EVENT_SQL: &str = "INSERT INTO events(resource_id, revision, type, actor_type,
+    actor_id, generation, payload, idempotency_key, ts) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+/// `?2 IS NULL` / `?3 IS NULL` switch the filters off without changing the statement.
+pub const LIST_EVENTS_SQL: &str = "SELECT seq, resource_id, revision, type, actor_type, actor_id,
+    generation, payload, ts FROM events
+    WHERE seq > ?1 AND (?2 IS NULL OR resource_id = ?2)
+      AND (?3 IS NULL OR type IN (SELECT value FROM json_each(?3)))
+    ORDER BY seq LIMIT ?4";
+
+// ------------------------------------------------------------------ runs
+
+/// The columns of a `Run`, with params and outputs joined from their blobs.
+macro_rules! run_select {
+    () => {
+        "SELECT r.run_id, r.workflow_ref, r.workflow_name, r.scope_key, r.status,
+            r.current_step_id, r.parent_run_id, r.parent_unit_id, r.invocation_key,
+            r.origin_session_id, p.bytes, o.bytes, r.revision, r.created_at, r.updated_at,
+            r.completed_at
+         FROM runs r LEFT JOIN blobs p ON p.digest = r.params
+                     LEFT JOIN blobs o ON o.digest = r.outputs "
+    };
+}
+
+pub const GET_RUN_SQL: &str = concat!(run_select!(), "WHERE r.run_id = ?1");
+pub const RUN_STATUS_SQL: &str =
+    "SELECT status, current_step_id, scope_key, workflow_ref FROM runs WHERE run_id = ?1";
+pub const RUN_EXISTS_SQL: &str = "SELECT 1 FROM runs WHERE run_id = ?1";
+
+/// The start guard, read inside the IMMEDIATE transaction; the partial unique index
+/// `runs_scope_guard` is what makes it race-proof for the run's own ref.
+pub const START_RUN_GUARD_SQL: &str = "SELECT run_id FROM runs
+    WHERE parent_run_id IS NULL AND status = 'active' AND scope_key = ?1
+      AND workflow_ref IN (SELECT value FROM json_each(?2))
+    ORDER BY updated_at DESC, created_at DESC LIMIT 1";
+/// Runs are inserted at revision 0; their first event (`run.started`) bumps it to 1.
+pub const START_RUN_INSERT_SQL: &str = "INSERT INTO runs(run_id, workflow_ref, workflow_name,
+    scope_key, guarded, status, params, plan, plan_version, current_step_id, parent_run_id,
+    parent_unit_id, invocation_key, agent_harness, agent_session_id, revision, created_at,
+    updated_at) VALUES (?1, ?2, ?3, ?4, ?5, 'active', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 0,
+    ?15, ?15)";
+pub const START_RUN_STEP_SQL: &str = "INSERT INTO steps(run_id, step_id, title, instructions,
+    completion, sequence_index, status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+
+pub const PUBLISH_CHILD_RUN_FIND_SQL: &str =
+    "SELECT run_id FROM runs WHERE parent_run_id = ?1 AND invocation_key = ?2";
+pub const PARENT_SCOPE_SQL: &str = "SELECT scope_key FROM runs WHERE run_id = ?1";
+
+/// `%`, `_` and `\` are escaped by the caller, so the prefix matches literally.
+pub const RESOLVE_RUN_ID_SQL: &str =
+    "SELECT run_id FROM runs WHERE run_id LIKE ?1 ESCAPE '\\' ORDER BY run_id LIMIT 100";
+
+/// Flags switch each filter off: ?1 all scopes, ?2 the scope (`IS` matches NULL too), ?3 the
+/// refs (NULL = any), ?4 active only, ?5 include children.
+pub const LIST_RUNS_SQL: &str = concat!(
+    run_select!(),
+    "WHERE (?1 = 1 OR r.scope_key IS ?2)
+       AND (?3 IS NULL OR r.workflow_ref IN (SELECT value FROM json_each(?3)))
+       AND (?4 = 0 OR r.status = 'active')
+       AND (?5 = 1 OR r.parent_run_id IS NULL)
+     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id DESC"
+);
+/// ?3 = 0: in this scope; ?3 = 1: in any other scope or none (a same-scope row can never mask
+/// another scope's run, akm #942).
+pub const FIND_ACTIVE_RUN_SQL: &str = concat!(
+    run_select!(),
+    "WHERE r.parent_run_id IS NULL AND r.status = 'active'
+       AND r.workflow_ref IN (SELECT value FROM json_each(?1))
+       AND CASE WHEN ?3 = 1 THEN (r.scope_key IS NULL OR r.scope_key <> ?2)
+                ELSE r.scope_key = ?2 END
+     ORDER BY r.updated_at DESC, r.created_at DESC LIMIT 1"
+);
+pub const FIND_SCOPE_OCCUPANT_SQL: &str = concat!(
+    run_select!(),
+    "WHERE r.parent_run_id IS NULL AND r.status IN ('active', 'blocked') AND r.scope_key = ?1
+     ORDER BY r.updated_at DESC, r.created_at DESC LIMIT 1"
+);
+pub const CHILD_RUNS_SQL: &str = concat!(
+    run_select!(),
+    "WHERE r.parent_run_id = ?1 ORDER BY r.created_at, r.run_id"
+);
+
+pub const LIST_STEPS_SQL: &str = "SELECT run_id, step_id, title, instructions, sequence_index,
+    status, notes, evidence, summary, completed_at FROM steps WHERE run_id = ?1
+    ORDER BY sequence_index";
+pub const STEP_STATUS_SQL: &str =
+    "SELECT status, sequence_index FROM steps WHERE run_id = ?1 AND step_id = ?2";
+pub const COMPLETE_STEP_SQL: &str = "UPDATE steps SET status = ?3, notes = ?4, evidence = ?5,
+    summary = ?6, completed_at = ?7 WHERE run_id = ?1 AND step_id = ?2";
+pub const NEXT_STEP_SQL: &str = "SELECT step_id FROM steps WHERE run_id = ?1
+    AND sequence_index > ?2 ORDER BY sequence_index LIMIT 1";
+pub const ACTIVATE_STEP_SQL: &str = "UPDATE steps SET status = 'active', notes = NULL,
+    evidence = NULL, completed_at = NULL WHERE run_id = ?1 AND step_id = ?2";
+pub const BLOCK_STEP_SQL: &str =
+    "UPDATE steps SET status = 'blocked', notes = ?3 WHERE run_id = ?1 AND step_id = ?2";
+/// `resume_run` reopens the current step only if it is blocked or failed (akm's rule).
+pub const REOPEN_STEP_SQL: &str = "UPDATE steps SET status = 'active', notes = NULL,
+    evidence = NULL, completed_at = NULL
+    WHERE run_id = ?1 AND step_id = ?2 AND status IN ('blocked', 'failed')";
+
+/// Every status change goes through this one statement; `completed_at` follows the status so
+/// the table's CHECK (terminal iff `completed_at`) holds.
+pub const SET_RUN_STATUS_SQL: &str = "UPDATE runs SET status = ?2, current_step_id = ?3,
+    updated_at = ?4,
+    completed_at = CASE WHEN ?2 IN ('completed', 'failed', 'cancelled') THEN ?4 END
+    WHERE run_id = ?1";
+pub const SET_OUTPUTS_SQL: &str = "UPDATE runs SET outputs = ?2, updated_at = ?3 WHERE run_id = ?1";
+
+// ------------------------------------------------------------------ attempts
+
+pub const LATEST_ATTEMPT_SQL: &str = "SELECT attempt, dispatch_id, status, step_id, input_hash,
+    reclaims, lease_generation FROM attempts WHERE run_id = ?1 AND unit_id = ?2
+    ORDER BY attempt DESC LIMIT 1";
+/// A reclaim keeps the attempt number and dispatch id; it only records who holds it now.
+pub const RECLAIM_ATTEMPT_SQL: &str = "UPDATE attempts SET reclaims = reclaims + 1,
+    holder = coalesce(?4, holder) WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3
+    RETURNING reclaims";
+pub const RECLAIM_UNIT_SQL: &str =
+    "UPDATE units SET claim_holder = coalesce(?3, claim_holder) WHERE run_id = ?1 AND unit_id = ?2";
+/// The projection follows the newest attempt: every column is overwritten and the previous
+/// attempt's result cleared (`PRIOR_ART` A3 `reserveUnitAttempt` step 4).
+pub const RESERVE_ATTEMPT_UNIT_SQL: &str = "INSERT INTO units(run_id, unit_id, step_id, node_id,
+    parent_unit_id, phase, runner, engine, model, input_hash, worktree_path, status, claim_holder,
+    attempts, first_started_at, started_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'running', ?12, ?13, ?14, ?14)
+    ON CONFLICT(run_id, unit_id) DO UPDATE SET step_id = excluded.step_id,
+      node_id = excluded.node_id, parent_unit_id = excluded.parent_unit_id,
+      phase = excluded.phase, runner = excluded.runner, engine = excluded.engine,
+      model = excluded.model, input_hash = excluded.input_hash,
+      worktree_path = excluded.worktree_path, status = 'running',
+      claim_holder = excluded.claim_holder, attempts = excluded.attempts,
+      started_at = excluded.started_at, result = NULL, tokens = NULL, failure_reason = NULL,
+      session_id = NULL, finished_at = NULL";
+pub const RESERVE_ATTEMPT_INSERT_SQL: &str = "INSERT INTO attempts(run_id, unit_id, attempt,
+    dispatch_id, step_id, node_id, phase, input_hash, status, holder, lease_generation,
+    started_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'running', ?9, ?10, ?11)";
+
+/// The finish compare-and-set (DESIGN §1.2): only a still-running attempt with this exact
+/// dispatch id changes; a duplicate or late callback matches no row.
+pub const FINISH_ATTEMPT_SQL: &str = "UPDATE attempts SET status = ?5, result = ?6, tokens = ?7,
+    failure_reason = ?8, session_id = ?9, finished_at = ?10
+    WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3 AND dispatch_id = ?4
+      AND status = 'running'
+    RETURNING step_id, phase";
+/// Guarded on the attempt number: the projection must still show this attempt.
+pub const FINISH_ATTEMPT_UNIT_SQL: &str = "UPDATE units SET status = ?4, result = ?5, tokens = ?6,
+    failure_reason = ?7, session_id = ?8, finished_at = ?9
+    WHERE run_id = ?1 AND unit_id = ?2 AND attempts = ?3 AND status = 'running'";
+
+pub const LIST_ATTEMPTS_SQL: &str = "SELECT run_id, unit_id, attempt, dispatch_id, status, phase,
+    holder, lease_generation, reclaims, result, tokens, failure_reason, started_at, finished_at
+    FROM attempts WHERE run_id = ?1 AND unit_id = ?2 ORDER BY attempt";
+/// ?2 NULL = every step.
+pub const LIST_UNITS_SQL: &str = "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder FROM units
+    WHERE run_id = ?1 AND (?2 IS NULL OR step_id = ?2) ORDER BY first_started_at, unit_id";
+pub const GET_UNIT_SQL: &str = "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder FROM units WHERE run_id = ?1 AND unit_id = ?2";
+/// Unfinished attempts count as attempts; NULL tokens count as 0 (akm's accounting).
+pub const ACCOUNTING_SQL: &str = "SELECT count(*), coalesce(sum(tokens), 0),
+    coalesce(sum(phase = 'unit'), 0), coalesce(sum(CASE WHEN phase = 'unit' THEN tokens END), 0),
+    coalesce(sum(phase = 'gate'), 0), coalesce(sum(CASE WHEN phase = 'gate' THEN tokens END), 0)
+    FROM attempts WHERE run_id = ?1";
+
+// ------------------------------------------------------------------ leases
+
+/// The fence of a claimed write, read inside that write's own transaction.
+pub const FENCE_SQL: &str =
+    "SELECT generation, token_hash, expires_at, owner_type FROM leases WHERE resource_id = ?1";

@@ -1,0 +1,331 @@
+"""Attempts, the dispatcher's hot path (DESIGN §1.1–1.2, §4 "Attempts"; PRIOR_ART A7 AK-02..AK-11
+and C1.7)."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from typing import Any
+
+import pytest
+
+import fencepost as fp
+from tests.conftest import STEPS, FakeClock
+
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+@pytest.fixture
+def run(ledger: Any) -> Any:
+    return ledger.start_run("wf/fan", scope_key="s", steps=STEPS)
+
+
+def test_fresh_reserve(ledger: Any, run: Any, clock: FakeClock) -> None:
+    """AK-02."""
+    res = ledger.reserve_attempt(
+        run.run_id, "u1", step_id="build", node_id="n1", input_hash="h1", holder="w1"
+    )
+    assert (res.run_id, res.unit_id, res.kind, res.attempt, res.reclaims) == (
+        run.run_id,
+        "u1",
+        "reserved",
+        1,
+        0,
+    )
+    assert UUID.fullmatch(res.dispatch_id)
+    assert res.lease_generation is None
+    [attempt] = ledger.attempts(run.run_id, "u1")
+    assert (attempt.status, attempt.phase, attempt.holder, attempt.dispatch_id) == (
+        "running",
+        "unit",
+        "w1",
+        res.dispatch_id,
+    )
+    assert attempt.started_at == fp.models.from_ms(clock.now)
+    assert attempt.finished_at is None
+    unit = ledger.unit(run.run_id, "u1")
+    assert (unit.status, unit.attempts, unit.step_id, unit.claim_holder) == (
+        "running",
+        1,
+        "build",
+        "w1",
+    )
+    started = ledger.events(run.run_id, types=["unit.started"])
+    assert len(started) == 1
+    assert started[0].payload == {
+        "run_id": run.run_id,
+        "step_id": "build",
+        "unit_id": "u1",
+        "attempt": 1,
+        "dispatch_id": res.dispatch_id,
+        "phase": "unit",
+        "status": "running",
+    }
+    assert ledger.events(run.run_id, types=["unit.finished"]) == []
+
+
+def test_reclaim_in_place(ledger: Any, run: Any) -> None:
+    """AK-04: same attempt, same dispatch id, one row, one started event."""
+    first = ledger.reserve_attempt(run.run_id, "u1", step_id="build", input_hash="h", holder="a")
+    again = ledger.reserve_attempt(run.run_id, "u1", step_id="build", input_hash="h", holder="b")
+    assert again.kind == "reclaimed"
+    assert (again.attempt, again.dispatch_id, again.reclaims) == (1, first.dispatch_id, 1)
+    [attempt] = ledger.attempts(run.run_id, "u1")
+    assert (attempt.reclaims, attempt.holder) == (1, "b")
+    assert len(ledger.events(run.run_id, types=["unit.started"])) == 1
+
+
+def test_reclaim_refuses_changed_inputs(ledger: Any, run: Any) -> None:
+    """C1.7: a reclaim must not hand back an attempt for different inputs."""
+    ledger.reserve_attempt(run.run_id, "u1", step_id="build", input_hash="h1")
+    with pytest.raises(fp.InvalidArgument) as info:
+        ledger.reserve_attempt(run.run_id, "u1", step_id="build", input_hash="h2")
+    assert info.value.argument == "input_hash"
+    with pytest.raises(fp.InvalidArgument) as info:
+        ledger.reserve_attempt(run.run_id, "u1", step_id="ship", input_hash="h1")
+    assert info.value.argument == "step_id"
+    assert ledger.attempts(run.run_id, "u1")[0].reclaims == 0
+
+
+def test_reserve_requires_active_run(ledger: Any, run: Any) -> None:
+    """AK-05."""
+    ledger.abandon_run(run.run_id)
+    before = ledger.events(run.run_id)
+    with pytest.raises(fp.RunNotActive) as info:
+        ledger.reserve_attempt(run.run_id, "u1", step_id="build")
+    assert (info.value.run_id, info.value.status) == (run.run_id, "cancelled")
+    assert ledger.attempts(run.run_id, "u1") == []
+    assert ledger.events(run.run_id) == before
+    with pytest.raises(fp.RunNotFound):
+        ledger.reserve_attempt("missing", "u1", step_id="build")
+
+
+def test_finish_commits_once(ledger: Any, run: Any, clock: FakeClock) -> None:
+    """AK-06: finish commits; a second finish is False and changes nothing."""
+    res = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
+    clock.advance(250)
+    ok = ledger.finish_attempt(
+        run.run_id,
+        "u1",
+        res.attempt,
+        res.dispatch_id,
+        status="completed",
+        result={"answer": 42},
+        tokens=7,
+        session_id="sess-1",
+    )
+    assert ok is True
+    dup = ledger.finish_attempt(
+        run.run_id, "u1", res.attempt, res.dispatch_id, status="completed", tokens=999
+    )
+    assert dup is False
+    [attempt] = ledger.attempts(run.run_id, "u1")
+    assert (attempt.status, attempt.result, attempt.tokens) == ("completed", {"answer": 42}, 7)
+    assert attempt.finished_at == fp.models.from_ms(clock.now)
+    unit = ledger.unit(run.run_id, "u1")
+    assert (unit.status, unit.result, unit.tokens) == ("completed", {"answer": 42}, 7)
+    types = [e.type for e in ledger.events(run.run_id) if e.type.startswith("unit.")]
+    assert types == ["unit.started", "unit.finished"]
+    finished = ledger.events(run.run_id, types=["unit.finished"])[0]
+    assert finished.payload == {
+        "run_id": run.run_id,
+        "step_id": "build",
+        "unit_id": "u1",
+        "attempt": 1,
+        "dispatch_id": res.dispatch_id,
+        "phase": "unit",
+        "status": "completed",
+        "tokens": 7,
+    }
+
+
+def test_failure_payload_has_reason_and_no_tokens(ledger: Any, run: Any) -> None:
+    """AK-08."""
+    for unit, status, reason in [("u1", "timed_out", "timeout"), ("u2", "cancelled", "aborted")]:
+        res = ledger.reserve_attempt(run.run_id, unit, step_id="build")
+        assert ledger.finish_attempt(
+            run.run_id, unit, 1, res.dispatch_id, status=status, failure_reason=reason
+        )
+        [attempt] = ledger.attempts(run.run_id, unit)
+        assert (attempt.status, attempt.tokens, attempt.failure_reason) == (status, None, reason)
+    payloads = [e.payload for e in ledger.events(run.run_id, types=["unit.finished"])]
+    assert [p["failure_reason"] for p in payloads] == ["timeout", "aborted"]
+    assert all("tokens" not in p for p in payloads)
+
+
+def test_retry_appends_a_new_attempt(ledger: Any, run: Any) -> None:
+    """AK-09."""
+    first = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
+    ledger.finish_attempt(run.run_id, "u1", 1, first.dispatch_id, status="failed", tokens=3)
+    second = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
+    assert (second.kind, second.attempt) == ("reserved", 2)
+    assert second.dispatch_id != first.dispatch_id
+    a1, a2 = ledger.attempts(run.run_id, "u1")
+    assert (a1.status, a1.tokens, a2.status) == ("failed", 3, "running")
+    assert ledger.unit(run.run_id, "u1").attempts == 2
+    assert [e.payload["attempt"] for e in ledger.events(run.run_id, types=["unit.started"])] == [
+        1,
+        2,
+    ]
+
+
+def test_crash_reclaim_then_stale_finish(ledger: Any, run: Any) -> None:
+    """AK-10: the reclaimer finishes first; the stale driver's finish is False."""
+    res = ledger.reserve_attempt(run.run_id, "u1", step_id="build", holder="crashed")
+    ledger.reserve_attempt(run.run_id, "u1", step_id="build", holder="reclaimer")
+    assert ledger.finish_attempt(run.run_id, "u1", 1, res.dispatch_id, status="completed", tokens=5)
+    assert not ledger.finish_attempt(
+        run.run_id, "u1", 1, res.dispatch_id, status="completed", tokens=101
+    )
+    acc = ledger.accounting(run.run_id)
+    assert (
+        acc.total_attempts,
+        acc.total_tokens,
+        acc.dispatch_attempts,
+        acc.dispatch_tokens,
+        acc.gate_attempts,
+        acc.gate_tokens,
+    ) == (1, 5, 1, 5, 0, 0)
+
+
+def test_accounting_splits_gate_and_unit(ledger: Any, run: Any) -> None:
+    """AK-11."""
+    u = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
+    g = ledger.reserve_attempt(run.run_id, "g1", step_id="build", phase="gate")
+    ledger.finish_attempt(run.run_id, "u1", 1, u.dispatch_id, status="completed", tokens=7)
+    ledger.finish_attempt(run.run_id, "g1", 1, g.dispatch_id, status="completed", tokens=5)
+    acc = ledger.accounting(run.run_id)
+    assert acc == fp.models.Accounting(2, 12, 1, 7, 1, 5)
+
+
+def test_wrong_or_unknown_finishes_are_false(ledger: Any, run: Any) -> None:
+    res = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
+    assert not ledger.finish_attempt(run.run_id, "u1", 1, "not-the-id", status="completed")
+    assert not ledger.finish_attempt(run.run_id, "u1", 2, res.dispatch_id, status="completed")
+    assert not ledger.finish_attempt(run.run_id, "zz", 1, res.dispatch_id, status="completed")
+    assert not ledger.finish_attempt("other", "u1", 1, res.dispatch_id, status="completed")
+    assert ledger.attempts(run.run_id, "u1")[0].status == "running"
+    assert ledger.events(run.run_id, types=["unit.finished"]) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"status": "running"}, "status"),
+        ({"status": "done"}, "status"),
+        ({"status": "completed", "tokens": -1}, "tokens"),
+        ({"status": "completed", "tokens": True}, "tokens"),
+        ({"status": "completed", "result": {"x": float("nan")}}, "result"),
+    ],
+)
+def test_bad_finish_arguments_write_nothing(
+    ledger: Any, run: Any, kwargs: dict[str, Any], argument: str
+) -> None:
+    res = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
+    with pytest.raises(fp.InvalidArgument) as info:
+        ledger.finish_attempt(run.run_id, "u1", 1, res.dispatch_id, **kwargs)
+    assert info.value.argument == argument
+    assert ledger.attempts(run.run_id, "u1")[0].status == "running"
+
+
+def test_bad_reserve_arguments(ledger: Any, run: Any) -> None:
+    with pytest.raises(fp.InvalidArgument) as info:
+        ledger.reserve_attempt(run.run_id, "u1", step_id="build", phase="other")
+    assert info.value.argument == "phase"
+    with pytest.raises(fp.InvalidArgument) as info:
+        ledger.reserve_attempt(run.run_id, "", step_id="build")
+    assert info.value.argument == "unit_id"
+    assert ledger.units(run.run_id) == []
+
+
+def test_batch_reserve_and_finish(ledger: Any, run: Any) -> None:
+    units = [{"unit_id": f"u{i:04d}", "step_id": "build", "holder": "w"} for i in range(1000)]
+    got = ledger.reserve_attempts(run.run_id, units)
+    assert [g.unit_id for g in got] == [u["unit_id"] for u in units]
+    assert all(g.kind == "reserved" and g.attempt == 1 for g in got)
+    assert len({g.dispatch_id for g in got}) == 1000
+    again = ledger.reserve_attempts(run.run_id, units[:10])
+    assert all(g.kind == "reclaimed" for g in again)
+    finishes = [
+        {
+            "run_id": run.run_id,
+            "unit_id": g.unit_id,
+            "attempt": g.attempt,
+            "dispatch_id": g.dispatch_id,
+            "status": "completed",
+            "tokens": 1,
+        }
+        for g in got
+    ]
+    oks = ledger.finish_attempts(finishes + finishes[:3])
+    assert oks == [True] * 1000 + [False] * 3
+    assert ledger.accounting(run.run_id).total_tokens == 1000
+    assert len(ledger.units(run.run_id, step_id="build")) == 1000
+    assert ledger.units(run.run_id, step_id="ship") == []
+
+
+def test_batch_is_all_or_nothing(ledger: Any, run: Any) -> None:
+    units = [
+        {"unit_id": "ok", "step_id": "build"},
+        {"unit_id": "bad", "step_id": "build", "phase": "x"},
+    ]
+    with pytest.raises(fp.InvalidArgument):
+        ledger.reserve_attempts(run.run_id, units)
+    assert ledger.units(run.run_id) == []
+    assert ledger.events(run.run_id, types=["unit.started"]) == []
+
+
+def test_units_order_and_unknown(ledger: Any, run: Any, clock: FakeClock) -> None:
+    for name in ["b", "a", "c"]:
+        clock.advance(1)
+        ledger.reserve_attempt(run.run_id, name, step_id="build")
+    assert [u.unit_id for u in ledger.units(run.run_id)] == ["b", "a", "c"]
+    assert ledger.unit(run.run_id, "nope") is None
+    assert ledger.attempts(run.run_id, "nope") == []
+
+
+def test_abandoned_run_still_journals_results(ledger: Any, run: Any) -> None:
+    """AK-24: abandoning mid-dispatch still records the unit's result."""
+    res = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
+    ledger.abandon_run(run.run_id)
+    assert ledger.finish_attempt(run.run_id, "u1", 1, res.dispatch_id, status="completed")
+
+
+def test_events_paging_and_filters(ledger: Any, run: Any) -> None:
+    for i in range(30):
+        ledger.reserve_attempt(run.run_id, f"u{i}", step_id="build")
+    events = ledger.events(run.run_id)
+    assert len(events) == 31
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    page1 = ledger.events(run.run_id, limit=10)
+    page2 = ledger.events(run.run_id, after_seq=page1[-1].seq, limit=10)
+    assert [e.seq for e in page1 + page2] == [e.seq for e in events[:20]]
+    other = ledger.start_run("wf/x", scope_key="t", steps=STEPS)
+    assert [e.resource_id for e in ledger.events()][-1] == other.run_id
+    assert len(ledger.events(types=["run.started"])) == 2
+    with pytest.raises(fp.InvalidArgument) as info:
+        ledger.events(limit=0)
+    assert info.value.argument == "limit"
+
+
+def test_dispatch_ids_unique_in_database(ledger: Any, run: Any, tmp_path: Any) -> None:
+    for i in range(50):
+        ledger.reserve_attempt(run.run_id, f"u{i}", step_id="build")
+    ids = [ledger.attempts(run.run_id, f"u{i}")[0].dispatch_id for i in range(50)]
+    assert len(set(ids)) == 50
+
+
+def test_check_constraints_guard_statuses(tmp_path: Any) -> None:
+    path = tmp_path / "c.db"
+    with fp.Ledger.open(str(path)) as ledger:
+        run = ledger.start_run("wf", scope_key="s", steps=STEPS)
+        ledger.reserve_attempt(run.run_id, "u1", step_id="build")
+    with sqlite3.connect(path) as db:
+        for sql in [
+            "UPDATE runs SET status='exploded'",
+            "UPDATE attempts SET status='weird'",
+            "UPDATE steps SET status='nope'",
+            "UPDATE units SET phase='other'",
+        ]:
+            with pytest.raises(sqlite3.IntegrityError):
+                db.execute(sql)

@@ -221,22 +221,7 @@ fn insert_spine(tx: &Tx<'_>, s: &Spine<'_>, now_ms: i64) -> Result<()> {
             now_ms
         ],
     );
-    if let Err(e) = inserted {
-        if is_unique_violation(&e, "runs.scope_key, runs.workflow_ref") {
-            let occupant = tx
-                .row(
-                    sql::START_RUN_GUARD_SQL,
-                    params![s.scope_key, json_array(&[s.workflow_ref.to_owned()])],
-                    |r| r.get::<_, String>(0),
-                )?
-                .unwrap_or_default();
-            return Err(LedgerError::ActiveRunExists {
-                scope_key: s.scope_key.unwrap_or_default().to_owned(),
-                occupant_run_id: occupant,
-            });
-        }
-        return Err(tx.fail(&e));
-    }
+    inserted.map_err(|e| guard_error(tx, &e, s.scope_key, s.workflow_ref))?;
     for (i, step) in s.steps.iter().enumerate() {
         tx.exec(
             sql::START_RUN_STEP_SQL,
@@ -266,6 +251,52 @@ fn insert_spine(tx: &Tx<'_>, s: &Spine<'_>, now_ms: i64) -> Result<()> {
     Ok(())
 }
 
+/// A failed write that may have hit the scope guard index (`runs_scope_guard`): reported as
+/// `ActiveRunExists` naming the occupant, anything else as a store error. One place for both
+/// paths that can fire the index: inserting a run and moving one into `active`.
+fn guard_error(
+    tx: &Tx<'_>,
+    err: &rusqlite::Error,
+    scope_key: Option<&str>,
+    workflow_ref: &str,
+) -> LedgerError {
+    if !is_unique_violation(err, "runs.scope_key, runs.workflow_ref") {
+        return tx.fail(err);
+    }
+    let refs = json_array(&[workflow_ref.to_owned()]);
+    match tx.row(sql::START_RUN_GUARD_SQL, params![scope_key, refs], |r| {
+        r.get::<_, String>(0)
+    }) {
+        Ok(occupant) => LedgerError::ActiveRunExists {
+            scope_key: scope_key.unwrap_or_default().to_owned(),
+            occupant_run_id: occupant.unwrap_or_default(),
+        },
+        Err(e) => e,
+    }
+}
+
+/// The caller's run id (validated) or a new UUIDv7.
+fn choose_run_id(run_id: Option<&String>) -> Result<String> {
+    match run_id {
+        Some(id) => {
+            check_run_id("run_id", id)?;
+            Ok(id.clone())
+        }
+        None => Ok(new_run_id()),
+    }
+}
+
+/// Refuse a run id that is taken (inside the transaction that would insert it).
+fn refuse_existing(tx: &Tx<'_>, run_id: &str) -> Result<()> {
+    if tx.row(sql::RUN_EXISTS_SQL, [run_id], |_| Ok(()))?.is_some() {
+        return Err(LedgerError::invalid(
+            "run_id",
+            format!("run {run_id:?} already exists; choose another id or omit run_id"),
+        ));
+    }
+    Ok(())
+}
+
 fn empty_params() -> Json {
     Json::new(b"{}".to_vec())
 }
@@ -274,13 +305,7 @@ fn empty_params() -> Json {
 pub fn start_run(store: &mut SqliteStore, req: &NewRun, now_ms: i64) -> Result<Run> {
     check_name("workflow_ref", &req.workflow_ref)?;
     check_steps(&req.steps)?;
-    let run_id = match &req.run_id {
-        Some(id) => {
-            check_run_id("run_id", id)?;
-            id.clone()
-        }
-        None => new_run_id(),
-    };
+    let run_id = choose_run_id(req.run_id.as_ref())?;
     let guard_refs = req
         .guard_refs
         .clone()
@@ -302,15 +327,7 @@ pub fn start_run(store: &mut SqliteStore, req: &NewRun, now_ms: i64) -> Result<R
         .clone()
         .unwrap_or_else(|| req.workflow_ref.clone());
     store.write("starting a run", |tx| {
-        if tx
-            .row(sql::RUN_EXISTS_SQL, [&run_id], |_| Ok(()))?
-            .is_some()
-        {
-            return Err(LedgerError::invalid(
-                "run_id",
-                format!("run {run_id:?} already exists; choose another id or omit run_id"),
-            ));
-        }
+        refuse_existing(tx, &run_id)?;
         if !req.force {
             if let Some(occupant) = tx.row(
                 sql::START_RUN_GUARD_SQL,
@@ -352,13 +369,7 @@ pub fn publish_child_run(store: &mut SqliteStore, req: &ChildRun, now_ms: i64) -
     check_name("invocation_key", &req.invocation_key)?;
     check_name("workflow_ref", &req.workflow_ref)?;
     check_steps(&req.steps)?;
-    let run_id = match &req.run_id {
-        Some(id) => {
-            check_run_id("run_id", id)?;
-            id.clone()
-        }
-        None => new_run_id(),
-    };
+    let run_id = choose_run_id(req.run_id.as_ref())?;
     let params = req.params.clone().unwrap_or_else(empty_params);
     store.write("publishing a child run", |tx| {
         let scope: Option<String> = tx
@@ -376,15 +387,7 @@ pub fn publish_child_run(store: &mut SqliteStore, req: &ChildRun, now_ms: i64) -
         )? {
             return must_read_run(tx, &existing);
         }
-        if tx
-            .row(sql::RUN_EXISTS_SQL, [&run_id], |_| Ok(()))?
-            .is_some()
-        {
-            return Err(LedgerError::invalid(
-                "run_id",
-                format!("run {run_id:?} already exists; choose another id or omit run_id"),
-            ));
-        }
+        refuse_existing(tx, &run_id)?;
         insert_spine(
             tx,
             &Spine {
@@ -540,23 +543,12 @@ pub(crate) fn transition(
         sql::SET_RUN_STATUS_SQL,
         params![run_id, to, current_step, now_ms],
     ) {
-        if is_unique_violation(&e, "runs.scope_key, runs.workflow_ref") {
-            let occupant = tx
-                .row(
-                    sql::START_RUN_GUARD_SQL,
-                    params![
-                        state.scope_key,
-                        json_array(std::slice::from_ref(&state.workflow_ref))
-                    ],
-                    |r| r.get::<_, String>(0),
-                )?
-                .unwrap_or_default();
-            return Err(LedgerError::ActiveRunExists {
-                scope_key: state.scope_key.clone().unwrap_or_default(),
-                occupant_run_id: occupant,
-            });
-        }
-        return Err(tx.fail(&e));
+        return Err(guard_error(
+            tx,
+            &e,
+            state.scope_key.as_deref(),
+            &state.workflow_ref,
+        ));
     }
     let payload = Value::Object(vec![
         ("from".into(), Value::Str(state.status.clone())),

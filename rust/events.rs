@@ -1,6 +1,6 @@
-//! The append-only event log. Each event bumps its run's revision and records the new value,
-//! so `UNIQUE(resource_id, revision)` proves one event per revision; `seq` is the global cursor
-//! for paging.
+//! The append-only event log. Each event takes its run's next revision (a run's revision is the
+//! revision of its newest event), so `UNIQUE(resource_id, revision)` proves one event per
+//! revision; `seq` is the global cursor for paging.
 
 use crate::canonical::{into_text, to_vec, Value};
 use crate::errors::{LedgerError, Result};
@@ -18,8 +18,8 @@ pub struct Actor<'a> {
     pub generation: Option<i64>,
 }
 
-/// Bump the run's revision and append an event carrying it (`insert_strict`: it must insert).
-/// Returns the new revision.
+/// Append an event at the run's next revision (`insert_strict`: it must insert). The caller has
+/// already read the run inside this transaction. Returns the new revision.
 pub fn append(
     tx: &Tx<'_>,
     run_id: &str,
@@ -29,26 +29,23 @@ pub fn append(
     now_ms: i64,
 ) -> Result<i64> {
     let revision: i64 = tx
-        .row(sql::BUMP_REVISION_SQL, rusqlite::params![run_id], |r| {
-            r.get(0)
-        })?
+        .row(
+            sql::INSERT_EVENT_SQL,
+            rusqlite::params![
+                run_id,
+                kind,
+                actor.kind,
+                actor.id,
+                actor.generation,
+                into_text(to_vec(payload)),
+                Option::<&str>::None,
+                now_ms
+            ],
+            |r| r.get(0),
+        )?
         .ok_or_else(|| LedgerError::RunNotFound {
             run_id: run_id.to_owned(),
         })?;
-    tx.exec(
-        sql::INSERT_EVENT_SQL,
-        rusqlite::params![
-            run_id,
-            revision,
-            kind,
-            actor.kind,
-            actor.id,
-            actor.generation,
-            into_text(to_vec(payload)),
-            Option::<&str>::None,
-            now_ms
-        ],
-    )?;
     Ok(revision)
 }
 

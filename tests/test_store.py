@@ -179,3 +179,52 @@ def test_injected_clock_stamps_rows(tmp_path: pathlib.Path, clock: FakeClock) ->
     with sqlite3.connect(tmp_path / "t.db") as db:
         assert db.execute("SELECT created_at FROM blobs").fetchone()[0] == clock.now
     assert fp.models.from_ms(clock.now) == dt.datetime(2025, 12, 3, 0, 0, tzinfo=dt.UTC)
+
+
+def test_events_are_append_only_in_the_database(tmp_path: pathlib.Path) -> None:
+    # seq is a plain rowid: it is never reused only because no event row can be deleted.
+    path = tmp_path / "ledger.db"
+    with fp.Ledger.open(str(path)) as ledger:
+        ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True)
+    with sqlite3.connect(path) as db:
+        for statement in ("DELETE FROM events", "UPDATE events SET type = 'x'"):
+            with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+                db.execute(statement)
+        assert db.execute("SELECT count(*) FROM events").fetchone()[0] == 1
+
+
+def test_new_files_use_small_pages(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "ledger.db"
+    fp.Ledger.open(str(path)).close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA page_size").fetchone()[0] == 1024
+
+
+def test_write_ahead_log_stays_bounded_and_is_removed_at_close(tmp_path: pathlib.Path) -> None:
+    # Checkpoints run on a background thread; the writer restarts the log past a hard limit
+    # (rust/store/sqlite/checkpoint.rs: 4000 frames of 1 KiB + 24 bytes). Without the restart
+    # the log would grow by every commit's frames for as long as writes keep coming.
+    path = tmp_path / "ledger.db"
+    wal = pathlib.Path(str(path) + "-wal")
+    limit = 5000 * (1024 + 24)
+    biggest = 0
+    with fp.Ledger.open(str(path)) as ledger:
+        ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True)
+        for batch in range(120):
+            got = ledger.reserve_attempts(
+                "r1", [{"unit_id": f"u{batch}-{i}", "step_id": "s"} for i in range(50)]
+            )
+            ledger.finish_attempts(
+                [
+                    {"run_id": "r1", "unit_id": r.unit_id, "attempt": r.attempt,
+                     "dispatch_id": r.dispatch_id, "status": "completed"}
+                    for r in got
+                ]
+            )  # fmt: skip
+            biggest = max(biggest, wal.stat().st_size)
+        assert len(ledger.units("r1")) == 6000
+    assert 0 < biggest < limit
+    assert not wal.exists()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert db.execute("SELECT count(*) FROM attempts WHERE status = 'completed'").fetchone()[0] == 6000

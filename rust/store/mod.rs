@@ -17,6 +17,17 @@ pub enum Durability {
     Full,
 }
 
+impl Durability {
+    /// The `synchronous` pragma value.
+    #[must_use]
+    pub fn pragma(self) -> &'static str {
+        match self {
+            Self::Normal => "NORMAL",
+            Self::Full => "FULL",
+        }
+    }
+}
+
 /// Options for [`sqlite::SqliteStore::open`].
 #[derive(Debug, Clone)]
 pub struct OpenOptions {

@@ -2,14 +2,17 @@
 //! at open, IMMEDIATE write transactions with bounded busy retry, and the one place where a
 //! `rusqlite::Error` becomes a [`LedgerError`].
 
+mod checkpoint;
 pub mod sql;
 
 use std::time::{Duration, Instant};
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags, Params, Row};
 
 use crate::errors::{LedgerError, Result};
-use crate::store::{migrate, Durability, OpenOptions};
+use crate::store::{migrate, OpenOptions};
+use checkpoint::Checkpointer;
 
 /// Prepared statements kept per connection: every hot statement stays compiled.
 const STATEMENT_CACHE: usize = 128;
@@ -35,6 +38,8 @@ pub struct Pragmas {
 
 /// One SQLite connection with its settings checked.
 pub struct SqliteStore {
+    /// Declared before `conn` so it is dropped (its thread stopped) first.
+    checkpointer: Option<Checkpointer>,
     conn: Connection,
     /// The path (or `:memory:`), named in error messages.
     label: String,
@@ -111,12 +116,16 @@ impl SqliteStore {
         }
         .map_err(|e| store_error(op, &label, &e))?;
         let mut store = Self {
+            checkpointer: None,
             conn,
             label,
             busy_timeout_ms: opts.busy_timeout_ms,
         };
         store.configure(path.is_some(), opts)?;
         migrate::migrate(&mut store.conn, &store.label, now_ms)?;
+        if let Some(p) = path {
+            store.checkpointer = Checkpointer::start(&mut store.conn, p, opts.durability.pragma());
+        }
         Ok(store)
     }
 
@@ -126,8 +135,24 @@ impl SqliteStore {
         let err = |e: rusqlite::Error| store_error(op, &label, &e);
         self.conn
             .set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        // The query planner stability guarantee. Without it SQLite marks a bound parameter
+        // that the planner compared against a partial index's literal (the scope guard's
+        // `status = 'active'`, the events' `idempotency_key IS NOT NULL`) and re-prepares the
+        // cached statement whenever that parameter's value changes: a full SQL parse on every
+        // reserve and finish. Every partial index a statement needs is named by literals in
+        // its own SQL, so a plan that ignores bound values loses nothing.
+        self.conn
+            .set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+            .map_err(err)?;
         self.conn
             .busy_timeout(Duration::from_millis(opts.busy_timeout_ms))
+            .map_err(err)?;
+        // Only takes effect on a new, empty file. Every page a commit touches is one WAL frame
+        // written, and the hot-path rows are 100-300 bytes: 1 KiB pages write a quarter of the
+        // bytes of the 4 KiB default for the same frames (reserve 50 -> 41 us, finish 36 -> 29 us
+        // measured without checkpoints). Large blobs just take more overflow pages.
+        self.conn
+            .execute_batch("PRAGMA page_size = 1024")
             .map_err(err)?;
         // journal_mode answers with the mode in force: WAL could be refused (e.g. a network
         // file system), and then concurrent readers would block writers. Fail loudly instead.
@@ -144,10 +169,7 @@ impl SqliteStore {
                 ),
             });
         }
-        let sync = match opts.durability {
-            Durability::Normal => "NORMAL",
-            Durability::Full => "FULL",
-        };
+        let sync = opts.durability.pragma();
         self.conn
             .execute_batch(&format!("PRAGMA synchronous = {sync}"))
             .map_err(err)?;
@@ -405,6 +427,7 @@ impl Attempt {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Durability;
 
     fn temp_path(name: &str) -> String {
         let dir = std::env::temp_dir().join(format!(

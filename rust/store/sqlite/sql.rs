@@ -12,13 +12,15 @@ pub const GET_BLOB_SQL: &str = "SELECT bytes FROM blobs WHERE digest = ?1";
 
 // ------------------------------------------------------------------ events
 
-/// Every event bumps its run's revision, and the event carries the new revision:
-/// `UNIQUE(resource_id, revision)` then proves one event per revision. `updated_at` is left to
-/// the run-level writes (it is indexed; unit events would rewrite that index page per commit).
-pub const BUMP_REVISION_SQL: &str =
-    "UPDATE runs SET revision = revision + 1 WHERE run_id = ?1 RETURNING revision";
+/// Every event takes its run's next revision, read from the last entry of the
+/// `(resource_id, revision)` index (one B-tree descent, no row written to `runs`): the write
+/// lock of the IMMEDIATE transaction makes max + 1 race-free, and `UNIQUE(resource_id,
+/// revision)` proves one event per revision even if it were not.
 pub const INSERT_EVENT_SQL: &str = "INSERT INTO events(resource_id, revision, type, actor_type,
-    actor_id, generation, payload, idempotency_key, ts) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+    actor_id, generation, payload, idempotency_key, ts)
+    SELECT ?1, coalesce(max(revision), 0) + 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
+    FROM events WHERE resource_id = ?1
+    RETURNING revision";
 /// `?2 IS NULL` / `?3 IS NULL` switch the filters off without changing the statement.
 pub const LIST_EVENTS_SQL: &str = "SELECT seq, resource_id, revision, type, actor_type, actor_id,
     generation, payload, ts FROM events
@@ -33,7 +35,9 @@ macro_rules! run_select {
     () => {
         "SELECT r.run_id, r.workflow_ref, r.workflow_name, r.scope_key, r.status,
             r.current_step_id, r.parent_run_id, r.parent_unit_id, r.invocation_key,
-            r.origin_session_id, p.bytes, o.bytes, r.revision, r.created_at, r.updated_at,
+            r.origin_session_id, p.bytes, o.bytes,
+            (SELECT coalesce(max(e.revision), 0) FROM events e WHERE e.resource_id = r.run_id),
+            r.created_at, r.updated_at,
             r.completed_at
          FROM runs r LEFT JOIN blobs p ON p.digest = r.params
                      LEFT JOIN blobs o ON o.digest = r.outputs "
@@ -51,11 +55,11 @@ pub const START_RUN_GUARD_SQL: &str = "SELECT run_id FROM runs
     WHERE parent_run_id IS NULL AND status = 'active' AND scope_key = ?1
       AND workflow_ref IN (SELECT value FROM json_each(?2))
     ORDER BY updated_at DESC, created_at DESC LIMIT 1";
-/// Runs are inserted at revision 0; their first event (`run.started`) bumps it to 1.
+/// A run has revision 0 until its first event (`run.started`) is appended.
 pub const START_RUN_INSERT_SQL: &str = "INSERT INTO runs(run_id, workflow_ref, workflow_name,
     scope_key, guarded, status, params, plan, plan_version, current_step_id, parent_run_id,
-    parent_unit_id, invocation_key, agent_harness, agent_session_id, revision, created_at,
-    updated_at) VALUES (?1, ?2, ?3, ?4, ?5, 'active', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 0,
+    parent_unit_id, invocation_key, agent_harness, agent_session_id, created_at,
+    updated_at) VALUES (?1, ?2, ?3, ?4, ?5, 'active', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
     ?15, ?15)";
 pub const START_RUN_STEP_SQL: &str = "INSERT INTO steps(run_id, step_id, title, instructions,
     completion, sequence_index, status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";

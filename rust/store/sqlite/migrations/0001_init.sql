@@ -50,8 +50,9 @@ CREATE TABLE runs (
     runner_id         TEXT,
     agent_harness     TEXT,
     agent_session_id  TEXT,
-    -- Bumped by every transition and every event of the run: events(resource_id, revision).
-    revision          INTEGER NOT NULL DEFAULT 0 CHECK (revision >= 0),
+    -- No revision column: a run's revision is the revision of its newest event, read from the
+    -- events(resource_id, revision) index. Storing it here would rewrite the run's page on
+    -- every unit event, one more WAL frame per reserve and per finish.
     created_at        INTEGER NOT NULL,
     updated_at        INTEGER NOT NULL,
     completed_at      INTEGER,
@@ -168,13 +169,15 @@ CREATE TABLE leases (
 
 CREATE INDEX leases_expires ON leases(expires_at) WHERE expires_at IS NOT NULL;
 
--- The append-only event log. seq is the global cursor (AUTOINCREMENT: never reused, even after
--- the newest row is deleted); (resource_id, revision) gives each revision of a run exactly one
+-- The append-only event log. seq is the global cursor: a plain rowid, which SQLite assigns as
+-- max(seq) + 1, and since rows can never be deleted (events_append_only) it is never reused.
+-- AUTOINCREMENT would give the same guarantee at the price of a sqlite_sequence page written
+-- on every append. (resource_id, revision) gives each revision of a run exactly one
 -- event and serves events(run_id); idempotency keys make insert_once a constraint instead of a
 -- scan (PRIOR_ART C3.2). Type filters read the seq range and filter: no type index to maintain
 -- on every append.
 CREATE TABLE events (
-    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq             INTEGER PRIMARY KEY,
     resource_id     TEXT NOT NULL,
     revision        INTEGER NOT NULL CHECK (revision >= 1),
     type            TEXT NOT NULL,
@@ -190,3 +193,14 @@ CREATE TABLE events (
 -- Partial: most events have no key, and a NULL entry per event would cost a page per append.
 CREATE UNIQUE INDEX events_idempotency_key ON events(idempotency_key)
     WHERE idempotency_key IS NOT NULL;
+
+-- Append-only is enforced by the database, not by convention: it is what keeps seq from being
+-- reused and a revision from being rewritten.
+CREATE TRIGGER events_append_only_delete BEFORE DELETE ON events
+BEGIN
+    SELECT RAISE(ABORT, 'events are append-only');
+END;
+CREATE TRIGGER events_append_only_update BEFORE UPDATE ON events
+BEGIN
+    SELECT RAISE(ABORT, 'events are append-only');
+END;

@@ -1,0 +1,143 @@
+//! Checkpoints off the write path.
+//!
+//! In WAL mode a commit appends frames to the `-wal` file and returns; a *checkpoint* later
+//! copies those pages back into the database file and fsyncs both. SQLite's default runs that
+//! checkpoint inside the commit that crossed 1000 frames, so one caller in every ~200 pays for
+//! copying and two fsyncs on behalf of all of them. Measured on the dispatcher's reserve+finish
+//! loop that doubled the average cost of a commit (benches/RESULTS.md).
+//!
+//! Here the writer's WAL hook only *signals* a background thread, which runs a `PASSIVE`
+//! checkpoint on its own connection: it never takes the write lock, so commits go on while it
+//! copies. A passive checkpoint cannot reset the log while commits keep arriving (the log
+//! restarts only when a writer finds it fully copied), so once the log passes a hard limit the
+//! writer runs one passive checkpoint itself after its commit; the background thread has
+//! already copied almost everything, so that one is short, and the next transaction restarts
+//! the log from the beginning. Durability is unchanged: WAL frames are what a commit relies on,
+//! and checkpoints only move pages that are already durable (or, with `synchronous=NORMAL`,
+//! as durable as SQLite's own checkpoints make them).
+
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use rusqlite::wal::CheckpointMode;
+use rusqlite::{Connection, OpenFlags};
+
+/// WAL frames after which the background thread is asked to checkpoint (SQLite's default
+/// `wal_autocheckpoint`).
+pub const SOFT_FRAMES: i32 = 1000;
+/// WAL frames after which the writer checkpoints itself so that the log can restart.
+pub const HARD_FRAMES: i32 = 4 * SOFT_FRAMES;
+
+#[derive(Default)]
+struct State {
+    pending: bool,
+    stop: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state is two flags: a panic elsewhere cannot leave it inconsistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The background checkpoint thread of one writer connection. Dropping it stops the thread and
+/// waits for it, so that the writer's connection, closed after it, is the database's last and
+/// removes the `-wal` file.
+pub struct Checkpointer {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    /// Start the thread on its own connection to `path` and hook `writer`'s commits to it.
+    /// `synchronous` is the writer's setting (`NORMAL`/`FULL`), which decides how checkpoints
+    /// fsync. If the second connection cannot be opened, checkpoints stay in the writer (the
+    /// SQLite default): slower, never wrong.
+    pub fn start(writer: &mut Connection, path: &str, synchronous: &str) -> Option<Self> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_URI,
+        )
+        .ok()?;
+        conn.execute_batch(&format!("PRAGMA synchronous = {synchronous}"))
+            .ok()?;
+        let shared = Arc::new(Shared::default());
+        let thread = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("fencepost-checkpoint".into())
+                .spawn(move || run(&conn, &shared))
+                .ok()?
+        };
+        let hook = Arc::clone(&shared);
+        // Signal once per SOFT_FRAMES new frames, not on every commit past the mark: each
+        // checkpoint fsyncs both files, and a checkpoint per commit would cost more than
+        // SQLite's default.
+        let (mut next, mut last) = (SOFT_FRAMES, 0);
+        let hooked = writer.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, frames| {
+            if frames < last {
+                next = SOFT_FRAMES; // the log restarted
+            }
+            last = frames;
+            if frames >= HARD_FRAMES {
+                // Busy (the thread is mid-checkpoint) is fine: the next commit tries again.
+                let _ = wal.checkpoint_v2(CheckpointMode::PASSIVE);
+            } else if frames >= next {
+                next = frames + SOFT_FRAMES;
+                let mut state = hook.lock();
+                state.pending = true;
+                hook.wake.notify_one();
+            }
+            Ok(())
+        }));
+        let me = Self {
+            shared,
+            thread: Some(thread),
+        };
+        // Without the hook the thread would never be woken; SQLite's own checkpoints stay on.
+        hooked.ok().map(|()| me)
+    }
+}
+
+fn run(conn: &Connection, shared: &Shared) {
+    loop {
+        {
+            let mut state = shared.lock();
+            while !state.pending && !state.stop {
+                state = shared
+                    .wake
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            if state.stop {
+                return;
+            }
+            state.pending = false;
+        }
+        // A failed checkpoint (busy, or a reader pinning old frames) loses nothing: the frames
+        // stay in the log and the next signal tries again.
+        let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        {
+            let mut state = self.shared.lock();
+            state.stop = true;
+            self.shared.wake.notify_one();
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

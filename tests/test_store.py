@@ -227,4 +227,5 @@ def test_write_ahead_log_stays_bounded_and_is_removed_at_close(tmp_path: pathlib
     assert not wal.exists()
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        assert db.execute("SELECT count(*) FROM attempts WHERE status = 'completed'").fetchone()[0] == 6000
+        done = db.execute("SELECT count(*) FROM attempts WHERE status = 'completed'").fetchone()
+        assert done[0] == 6000

@@ -158,7 +158,7 @@ fn reserve_one(
         })?;
     if let Some(l) = &latest {
         if l.2 == "running" {
-            return reclaim(tx, run_id, u, l);
+            return reclaim(tx, run_id, u, l, actor.generation);
         }
     }
     let attempt = latest.as_ref().map_or(1, |l| l.0 + 1);
@@ -230,8 +230,14 @@ type Latest = (
 
 /// Hand a still-running attempt back in place (DESIGN §1.1): same number and dispatch id, one
 /// more reclaim, no event.
-fn reclaim(tx: &Tx<'_>, run_id: &str, u: &UnitSpec, latest: &Latest) -> Result<Reservation> {
-    let (attempt, dispatch, _, step, input, generation) = latest;
+fn reclaim(
+    tx: &Tx<'_>,
+    run_id: &str,
+    u: &UnitSpec,
+    latest: &Latest,
+    generation: Option<i64>,
+) -> Result<Reservation> {
+    let (attempt, dispatch, _, step, input, _) = latest;
     if step.as_deref() != Some(u.step_id.as_str()) {
         return Err(LedgerError::invalid(
             "step_id",
@@ -256,13 +262,13 @@ fn reclaim(tx: &Tx<'_>, run_id: &str, u: &UnitSpec, latest: &Latest) -> Result<R
             ));
         }
     }
-    let reclaims: i64 = tx
+    let (reclaims, lease_generation) = tx
         .row(
             sql::RECLAIM_ATTEMPT_SQL,
-            params![run_id, u.unit_id, attempt, u.holder],
-            |r| r.get(0),
+            params![run_id, u.unit_id, attempt, u.holder, generation],
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Option<i64>>(1)?)),
         )?
-        .unwrap_or(0);
+        .unwrap_or((0, generation));
     tx.exec(sql::RECLAIM_UNIT_SQL, params![run_id, u.unit_id, u.holder])?;
     Ok(Reservation {
         run_id: run_id.to_owned(),
@@ -271,7 +277,7 @@ fn reclaim(tx: &Tx<'_>, run_id: &str, u: &UnitSpec, latest: &Latest) -> Result<R
         attempt: *attempt,
         dispatch_id: dispatch.clone(),
         reclaims,
-        lease_generation: *generation,
+        lease_generation,
     })
 }
 

@@ -12,8 +12,8 @@ use crate::store::sqlite::{sql, Tx};
 pub struct Actor<'a> {
     /// `host`, `session`, `system`...
     pub kind: Option<&'a str>,
-    /// The actor's id.
-    pub id: Option<&'a str>,
+    /// The actor's id (a fenced write's lease owner, read from the lease row).
+    pub id: Option<String>,
     /// The lease generation of a fenced write.
     pub generation: Option<i64>,
 }
@@ -35,7 +35,7 @@ pub fn append(
                 run_id,
                 kind,
                 actor.kind,
-                actor.id,
+                actor.id.as_deref(),
                 actor.generation,
                 into_text(to_vec(payload)),
                 Option::<&str>::None,

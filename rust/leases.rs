@@ -1,14 +1,24 @@
-//! Leases and the fence every claimed write re-checks (DESIGN §1.3).
+//! Leases: claims fenced by generations (DESIGN §1.3, §4 "Queue and leases").
 //!
-//! This module holds the fence check that every fenced write runs inside its own transaction;
-//! claiming, heartbeats and release arrive with the queue and fencing issue.
+//! One primitive serves every path (`PRIOR_ART` C1.3): a claim bumps the generation by
+//! compare-and-set and stores only the SHA-256 of a fresh token; every fenced write runs
+//! [`check`] inside its own transaction, so a holder whose lease moved on (taken over, released,
+//! re-claimed, or simply expired by the ledger's clock) writes nothing.
 
 use rusqlite::params;
 use sha2::{Digest as _, Sha256};
 
+use crate::canonical::Value;
 use crate::errors::{LedgerError, Result};
-use crate::events::Actor;
+use crate::events::{self, Actor};
+use crate::ids::check_name;
+use crate::model::{Claim, Lease};
 use crate::store::sqlite::{sql, Tx};
+
+/// The longest lease a claim or heartbeat may ask for: one day. A longer lease is almost
+/// always a unit mistake (seconds for milliseconds), and a dead owner would block the run
+/// for that long.
+pub const MAX_LEASE_MS: i64 = 86_400_000;
 
 /// What a claimed write presents: the run, the generation it claimed, and the token's hash
 /// (the token itself never reaches the store).
@@ -22,33 +32,89 @@ pub struct Fence {
     pub token_hash: String,
 }
 
+/// `hex(sha256(token))`, the only form of a token the database sees.
+pub fn hash_token(token: &str) -> String {
+    let hash = Sha256::digest(token.as_bytes());
+    let mut hex = String::with_capacity(64);
+    for b in hash {
+        hex.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+        hex.push(char::from(b"0123456789abcdef"[usize::from(b & 0xf)]));
+    }
+    hex
+}
+
 impl Fence {
     /// A fence from a claim's plaintext token (hashed here, before any transaction).
     pub fn from_token(run_id: &str, generation: i64, token: &str) -> Self {
-        let hash = Sha256::digest(token.as_bytes());
-        let mut hex = String::with_capacity(64);
-        for b in hash {
-            hex.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
-            hex.push(char::from(b"0123456789abcdef"[usize::from(b & 0xf)]));
-        }
         Self {
             run_id: run_id.to_owned(),
             generation,
-            token_hash: hex,
+            token_hash: hash_token(token),
         }
+    }
+}
+
+/// A new claim token: 256 bits from the operating system's generator, as 64 hex digits behind
+/// a `fpt_` prefix (recognisable in a log, so it can be scrubbed).
+pub fn new_token() -> Result<String> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| LedgerError::Store {
+        operation: "minting a claim token".into(),
+        message: format!("the operating system's random generator failed: {e}"),
+    })?;
+    let mut token = String::with_capacity(68);
+    token.push_str("fpt_");
+    for b in bytes {
+        token.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+        token.push(char::from(b"0123456789abcdef"[usize::from(b & 0xf)]));
+    }
+    Ok(token)
+}
+
+/// Validate a lease length in milliseconds.
+pub fn check_lease_ms(argument: &str, lease_ms: i64) -> Result<()> {
+    if (1..=MAX_LEASE_MS).contains(&lease_ms) {
+        Ok(())
+    } else {
+        Err(LedgerError::invalid(
+            argument,
+            format!("must be from 1 to {MAX_LEASE_MS} milliseconds, not {lease_ms}"),
+        ))
+    }
+}
+
+/// Validate a caller-chosen token: long enough to be a secret, printable, bounded.
+pub fn check_token(argument: &str, token: &str) -> Result<()> {
+    let ok = (32..=256).contains(&token.len()) && token.bytes().all(|b| b.is_ascii_graphic());
+    if ok {
+        Ok(())
+    } else {
+        Err(LedgerError::invalid(
+            argument,
+            "must be 32 to 256 printable ASCII characters (or None: fencepost mints one)",
+        ))
+    }
+}
+
+/// `host` for runner ids that start with `host-`, else `session`.
+pub fn owner_type(runner_id: &str) -> &'static str {
+    if runner_id.starts_with("host-") {
+        "host"
+    } else {
+        "session"
     }
 }
 
 /// Re-check `fence` against the run's lease inside the caller's transaction: the generation,
 /// the token hash and the expiry (judged with the ledger's clock) must all hold, else
 /// `LeaseLost` and the caller writes nothing. Without a fence the write is unfenced. Returns the
-/// actor to stamp on the write's events.
-pub fn check<'a>(
+/// actor to stamp on the write's events: the lease's owner at that generation.
+pub fn check(
     tx: &Tx<'_>,
     run_id: &str,
-    fence: Option<&'a Fence>,
+    fence: Option<&Fence>,
     now_ms: i64,
-) -> Result<Actor<'a>> {
+) -> Result<Actor<'static>> {
     let Some(fence) = fence else {
         return Ok(Actor::default());
     };
@@ -64,6 +130,7 @@ pub fn check<'a>(
             r.get::<_, Option<String>>(1)?,
             r.get::<_, Option<i64>>(2)?,
             r.get::<_, Option<String>>(3)?,
+            r.get::<_, Option<String>>(4)?,
         ))
     })?;
     let lost = |actual: i64| LedgerError::LeaseLost {
@@ -71,21 +138,227 @@ pub fn check<'a>(
         expected_generation: fence.generation,
         actual_generation: actual,
     };
-    let Some((generation, token_hash, expires_at, owner_type)) = row else {
+    let Some((generation, token_hash, expires_at, owner_type, owner_id)) = row else {
         return Err(lost(0));
     };
     let live = expires_at.is_some_and(|e| e > now_ms);
     if generation != fence.generation || token_hash.as_deref() != Some(&fence.token_hash) || !live {
         return Err(lost(generation));
     }
-    // Owner type is "host"/"session"; the actor id is left to the claim issue's richer Claim.
     let kind = match owner_type.as_deref() {
         Some("host") => Some("host"),
         _ => Some("session"),
     };
     Ok(Actor {
         kind,
-        id: None,
+        id: owner_id,
         generation: Some(generation),
     })
+}
+
+/// The lease of an existing run (generation 0, no owner, if never claimed).
+pub fn read(tx: &Tx<'_>, run_id: &str) -> Result<Lease> {
+    let lease = tx.row(sql::LEASE_SQL, [run_id], |r| lease_from_row(run_id, r))?;
+    Ok(lease.unwrap_or_else(|| Lease {
+        run_id: run_id.to_owned(),
+        generation: 0,
+        owner_id: None,
+        owner_type: None,
+        expires_at: None,
+        heartbeat_at: None,
+    }))
+}
+
+fn lease_from_row(run_id: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<Lease> {
+    Ok(Lease {
+        run_id: run_id.to_owned(),
+        generation: r.get(0)?,
+        owner_id: r.get(1)?,
+        owner_type: r.get(2)?,
+        expires_at: r.get(3)?,
+        heartbeat_at: r.get(4)?,
+    })
+}
+
+/// Owned leases whose expiry has passed, on runs that are not terminal.
+pub fn expired(tx: &Tx<'_>, now_ms: i64) -> Result<Vec<Lease>> {
+    tx.rows(sql::EXPIRED_LEASES_SQL, [now_ms], |r| {
+        let run_id: String = r.get(0)?;
+        Ok(Lease {
+            generation: r.get(1)?,
+            owner_id: r.get(2)?,
+            owner_type: r.get(3)?,
+            expires_at: r.get(4)?,
+            heartbeat_at: r.get(5)?,
+            run_id,
+        })
+    })
+}
+
+/// A claim request, validated before the transaction.
+#[derive(Debug, Clone)]
+pub struct ClaimSpec {
+    /// Who claims.
+    pub runner_id: String,
+    /// Lease length.
+    pub lease_ms: i64,
+    /// The token (minted if the caller gave none).
+    pub token: String,
+}
+
+impl ClaimSpec {
+    /// Validate the arguments and mint the token if none was given.
+    pub fn new(
+        runner_id: String,
+        lease_ms: i64,
+        token: Option<String>,
+        token_argument: &str,
+    ) -> Result<Self> {
+        check_name("runner_id", &runner_id)?;
+        check_lease_ms("lease_ms", lease_ms)?;
+        let token = match token {
+            Some(t) => {
+                check_token(token_argument, &t)?;
+                t
+            }
+            None => new_token()?,
+        };
+        Ok(Self {
+            runner_id,
+            lease_ms,
+            token,
+        })
+    }
+}
+
+/// Claim the lease of a run known to exist and not be terminal, inside the caller's
+/// transaction. `None` while another owner's lease is unexpired. The same runner re-claiming
+/// its own live lease gets a new generation: its old token stops working (DESIGN §4).
+/// `status` is the run's status, moved from `queued` to `starting` by the claim.
+pub fn claim(
+    tx: &Tx<'_>,
+    run_id: &str,
+    status: &str,
+    spec: &ClaimSpec,
+    now_ms: i64,
+) -> Result<Option<Claim>> {
+    let found = tx.row(sql::LEASE_SQL, [run_id], |r| lease_from_row(run_id, r))?;
+    let current = if let Some(lease) = found {
+        lease
+    } else {
+        tx.exec(sql::CREATE_LEASE_SQL, [run_id])?;
+        read(tx, run_id)?
+    };
+    let held_by_other = current
+        .owner_id
+        .as_deref()
+        .is_some_and(|o| o != spec.runner_id)
+        && current.expires_at.is_some_and(|e| e > now_ms);
+    if held_by_other {
+        return Ok(None);
+    }
+    let expires_at = now_ms.saturating_add(spec.lease_ms);
+    let kind = owner_type(&spec.runner_id);
+    let changed = tx.exec(
+        sql::CLAIM_SQL,
+        params![
+            run_id,
+            current.generation,
+            kind,
+            spec.runner_id,
+            hash_token(&spec.token),
+            now_ms,
+            expires_at
+        ],
+    )?;
+    if changed != 1 {
+        return Ok(None);
+    }
+    let generation = current.generation + 1;
+    let mut payload = vec![
+        ("expires_at".into(), Value::Int(expires_at)),
+        ("generation".into(), Value::Int(generation)),
+        ("owner_id".into(), Value::Str(spec.runner_id.clone())),
+    ];
+    if status == "queued" {
+        tx.exec(sql::CLAIM_STARTING_SQL, params![run_id, now_ms])?;
+        payload.push(("status".into(), Value::Str("starting".into())));
+    }
+    let actor = Actor {
+        kind: Some(kind),
+        id: Some(spec.runner_id.clone()),
+        generation: Some(generation),
+    };
+    events::append(
+        tx,
+        run_id,
+        "lease.claimed",
+        &Value::Object(payload),
+        &actor,
+        now_ms,
+    )?;
+    Ok(Some(Claim {
+        run_id: run_id.to_owned(),
+        generation,
+        token: spec.token.clone(),
+        owner_id: spec.runner_id.clone(),
+        expires_at,
+    }))
+}
+
+/// Extend a live claim. No event: a heartbeat changes no state anyone reads back but the
+/// lease itself (and an event per heartbeat would flood the log of a long run).
+pub fn heartbeat(tx: &Tx<'_>, fence: &Fence, lease_ms: i64, now_ms: i64) -> Result<Claim> {
+    let actor = check(tx, &fence.run_id, Some(fence), now_ms)?;
+    let expires_at = now_ms.saturating_add(lease_ms);
+    let changed = tx.exec(
+        sql::HEARTBEAT_SQL,
+        params![
+            fence.run_id,
+            now_ms,
+            expires_at,
+            fence.generation,
+            fence.token_hash
+        ],
+    )?;
+    if changed != 1 {
+        return Err(LedgerError::LeaseLost {
+            run_id: fence.run_id.clone(),
+            expected_generation: fence.generation,
+            actual_generation: fence.generation,
+        });
+    }
+    Ok(Claim {
+        run_id: fence.run_id.clone(),
+        generation: fence.generation,
+        token: String::new(),
+        owner_id: actor.id.unwrap_or_default(),
+        expires_at,
+    })
+}
+
+/// Give a live claim up: the owner is cleared, the generation kept, `lease.released` appended.
+pub fn release(tx: &Tx<'_>, fence: &Fence, now_ms: i64) -> Result<()> {
+    let actor = check(tx, &fence.run_id, Some(fence), now_ms)?;
+    let changed = tx.exec(
+        sql::RELEASE_SQL,
+        params![fence.run_id, fence.generation, fence.token_hash, now_ms],
+    )?;
+    if changed != 1 {
+        return Err(LedgerError::LeaseLost {
+            run_id: fence.run_id.clone(),
+            expected_generation: fence.generation,
+            actual_generation: fence.generation,
+        });
+    }
+    let payload = Value::Object(vec![("generation".into(), Value::Int(fence.generation))]);
+    events::append(
+        tx,
+        &fence.run_id,
+        "lease.released",
+        &payload,
+        &actor,
+        now_ms,
+    )?;
+    Ok(())
 }

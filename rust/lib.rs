@@ -12,6 +12,7 @@ pub mod events;
 pub mod ids;
 pub mod leases;
 pub mod model;
+pub mod queue;
 pub mod runs;
 pub mod store;
 

@@ -179,3 +179,35 @@ pub struct Event {
     /// Time.
     pub ts: i64,
 }
+
+/// A live claim: the plaintext token is handed to the claimer once and never stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The claimed run.
+    pub run_id: String,
+    /// The generation this claim took.
+    pub generation: i64,
+    /// The secret the claimer presents on every fenced write.
+    pub token: String,
+    /// Who holds it.
+    pub owner_id: String,
+    /// When it lapses unless renewed (epoch ms, the ledger's clock).
+    pub expires_at: i64,
+}
+
+/// The lease row of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The run.
+    pub run_id: String,
+    /// Claims taken so far (0 = never claimed).
+    pub generation: i64,
+    /// The current owner, if any.
+    pub owner_id: Option<String>,
+    /// `host` or `session`.
+    pub owner_type: Option<String>,
+    /// Expiry of the current claim.
+    pub expires_at: Option<i64>,
+    /// Last claim or heartbeat.
+    pub heartbeat_at: Option<i64>,
+}

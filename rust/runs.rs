@@ -153,7 +153,7 @@ pub(crate) fn read_run(tx: &Tx<'_>, run_id: &str) -> Result<Option<Run>> {
     tx.row(sql::GET_RUN_SQL, [run_id], run_from_row)
 }
 
-fn must_read_run(tx: &Tx<'_>, run_id: &str) -> Result<Run> {
+pub(crate) fn must_read_run(tx: &Tx<'_>, run_id: &str) -> Result<Run> {
     read_run(tx, run_id)?.ok_or_else(|| LedgerError::RunNotFound {
         run_id: run_id.to_owned(),
     })

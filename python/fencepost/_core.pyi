@@ -19,6 +19,8 @@ def digest(value: object) -> str:
 
 _RunRow = tuple[Any, ...]
 _Reservation = tuple[str, str, str, int, str, int, int | None]
+_Claim = tuple[str, int, str, str, int]
+_Lease = tuple[str, int, str | None, str | None, int | None, int | None]
 
 @final
 class Ledger:
@@ -126,6 +128,44 @@ class Ledger:
     def units(self, run_id: object, step_id: object) -> list[tuple[Any, ...]]: ...
     def unit(self, run_id: object, unit_id: object) -> tuple[Any, ...] | None: ...
     def accounting(self, run_id: object) -> tuple[int, int, int, int, int, int]: ...
+    def reserve_run(
+        self,
+        run_id: object,
+        workflow_name: object,
+        workflow_ref: object,
+        source: object,
+        definition_digest: object,
+        definition: object,
+        input: object,
+        launch_options: object,
+        runner_id: object,
+        origin_session_id: object,
+        parent_run_id: object,
+    ) -> _RunRow: ...
+    def prepare_or_adopt(
+        self,
+        run_id: object,
+        workflow_name: object,
+        workflow_ref: object,
+        source: object,
+        definition_digest: object,
+        definition: object,
+        input: object,
+        launch_options: object,
+        runner_id: object,
+        origin_session_id: object,
+        parent_run_id: object,
+        lease_ms: object,
+        claim_token: object,
+    ) -> tuple[str, _RunRow, _Claim | None]: ...
+    def claim(
+        self, run_id: object, runner_id: object, lease_ms: object, token: object
+    ) -> _Claim | None: ...
+    def heartbeat(self, claim: object, lease_ms: object) -> _Claim: ...
+    def release(self, claim: object) -> None: ...
+    def set_status(self, run_id: object, status: object, claim: object) -> _RunRow: ...
+    def lease(self, run_id: object) -> _Lease: ...
+    def expired_leases(self) -> list[_Lease]: ...
     def events(
         self, run_id: object, after_seq: object, limit: object, types: object
     ) -> list[tuple[Any, ...]]: ...

@@ -17,7 +17,10 @@ from fencepost.errors import InvalidArgument
 from fencepost.models import (
     Accounting,
     Attempt,
+    Claim,
     Event,
+    Lease,
+    Preparation,
     Reservation,
     Run,
     Step,
@@ -79,6 +82,16 @@ def _attempt(t: tuple[Any, ...]) -> Attempt:
 
 def _event(t: tuple[Any, ...]) -> Event:
     return Event(t[0], t[1], t[2], t[3], t[4], t[5], t[6], _json(t[7]), from_ms(t[8]))
+
+
+def _claim(t: tuple[str, int, str, str, int]) -> Claim:
+    expires_at = from_ms(t[4])
+    assert expires_at is not None
+    return Claim(t[0], t[1], t[2], t[3], expires_at)
+
+
+def _lease(t: tuple[Any, ...]) -> Lease:
+    return Lease(t[0], t[1], t[2], t[3], from_ms(t[4]), from_ms(t[5]))
 
 
 def _refs(workflow_refs: str | Iterable[str] | None) -> list[str] | None:
@@ -407,6 +420,90 @@ class Ledger:
     def accounting(self, run_id: str) -> Accounting:
         """Attempt and token totals, split by phase; unfinished attempts count as attempts."""
         return Accounting(*self._core.accounting(run_id))
+
+    # ------------------------------------------------------------------ queue and claims
+
+    def reserve_run(
+        self,
+        run_id: str,
+        *,
+        workflow_name: str,
+        workflow_ref: str,
+        source: Any,
+        definition_digest: str,
+        definition: Any,
+        input: Any = None,
+        launch_options: Any = None,
+        runner_id: str,
+        origin_session_id: str,
+        parent_run_id: str | None = None,
+    ) -> Run:
+        """Queue a run for a controller (status ``queued``, lease generation 0, no owner).
+        ``definition_digest`` must equal ``fencepost.digest(definition)``: it is recomputed,
+        never trusted. With ``parent_run_id`` the run continues a ``parked`` parent of the same
+        ``origin_session_id``, which becomes ``completed``."""
+        return _run_required(
+            self._core.reserve_run(
+                run_id, workflow_name, workflow_ref, source, definition_digest, definition,
+                input, launch_options, runner_id, origin_session_id, parent_run_id,
+            )
+        )  # fmt: skip
+
+    def prepare_or_adopt(
+        self,
+        run_id: str,
+        *,
+        workflow_name: str,
+        workflow_ref: str,
+        source: Any,
+        definition_digest: str,
+        definition: Any,
+        input: Any = None,
+        launch_options: Any = None,
+        runner_id: str,
+        origin_session_id: str,
+        parent_run_id: str | None = None,
+        lease_ms: int,
+        claim_token: str | None = None,
+    ) -> Preparation:
+        """One transaction: adopt the run if it exists with these exact inputs (no writes),
+        raise ``PreparationConflict`` naming the fields that differ, or reserve and claim it
+        for ``runner_id`` (``state="claimed"`` with the claim)."""
+        state, run, claim = self._core.prepare_or_adopt(
+            run_id, workflow_name, workflow_ref, source, definition_digest, definition, input,
+            launch_options, runner_id, origin_session_id, parent_run_id, lease_ms, claim_token,
+        )  # fmt: skip
+        return Preparation(state, _run_required(run), None if claim is None else _claim(claim))
+
+    def claim(
+        self, run_id: str, runner_id: str, *, lease_ms: int, token: str | None = None
+    ) -> Claim | None:
+        """Take the run's lease at the next generation, or ``None`` if the run is terminal or
+        another owner's lease is unexpired. Re-claiming your own live lease also takes a new
+        generation, and the old token stops working. A queued run becomes ``starting``."""
+        t = self._core.claim(run_id, runner_id, lease_ms, token)
+        return None if t is None else _claim(t)
+
+    def heartbeat(self, claim: Claim, *, lease_ms: int) -> Claim:
+        """Extend a live claim to ``lease_ms`` from now; ``LeaseLost`` if it is stale."""
+        return _claim(self._core.heartbeat(claim, lease_ms))
+
+    def release(self, claim: Claim) -> None:
+        """Give the lease up (owner cleared, generation kept); ``LeaseLost`` if stale."""
+        self._core.release(claim)
+
+    def set_status(self, run_id: str, status: str, *, claim: Claim) -> Run:
+        """Move a claimed run along the lifecycle (DESIGN §3); an illegal move is
+        ``InvalidArgument`` naming both statuses, a stale claim ``LeaseLost``."""
+        return _run_required(self._core.set_status(run_id, status, claim))
+
+    def lease(self, run_id: str) -> Lease:
+        """The run's lease: generation 0 and no owner if it was never claimed."""
+        return _lease(self._core.lease(run_id))
+
+    def expired_leases(self) -> list[Lease]:
+        """Owned leases whose expiry has passed (ledger clock) on runs that are not terminal."""
+        return [_lease(t) for t in self._core.expired_leases()]
 
     # ------------------------------------------------------------------ events
 

@@ -13,10 +13,12 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use crate::attempts::{self, FinishSpec, UnitSpec};
 use crate::canonical::Doc;
 use crate::errors::{LedgerError, Result};
+use crate::leases::ClaimSpec;
 use crate::leases::Fence;
-use crate::model::{Attempt, Event, Run, Step, Unit};
+use crate::model::{Attempt, Claim, Event, Lease, Run, Step, Unit};
 use crate::py::errors::to_pyerr;
 use crate::py::read_doc;
+use crate::queue::{self, NewQueuedRun};
 use crate::runs::{self, ChildRun, Json, NewRun, RunFilter, StepResult, StepSpec};
 use crate::store::sqlite::SqliteStore;
 use crate::store::{Durability, OpenOptions};
@@ -253,19 +255,86 @@ fn fence_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Fence>> {
     if obj.is_none() {
         return Ok(None);
     }
-    let read = || -> PyResult<Fence> {
+    claim_arg(obj).map(|(fence, _)| Some(fence))
+}
+
+/// A `Claim` argument: the fence (token hashed now) and the plaintext token.
+fn claim_arg(obj: &Bound<'_, PyAny>) -> PyResult<(Fence, String)> {
+    let read = || -> PyResult<(Fence, String)> {
         let run_id: String = obj.getattr("run_id")?.extract()?;
         let generation: i64 = obj.getattr("generation")?.extract()?;
         let token: String = obj.getattr("token")?.extract()?;
-        Ok(Fence::from_token(&run_id, generation, &token))
+        Ok((Fence::from_token(&run_id, generation, &token), token))
     };
-    read().map(Some).map_err(|_| {
+    read().map_err(|_| {
         invalid(
             obj.py(),
             "claim",
-            "must be the Claim returned by ledger.claim(), or None",
+            "must be the Claim returned by ledger.claim() or prepare_or_adopt()",
         )
     })
+}
+
+type ClaimTuple = (String, i64, String, String, i64);
+type LeaseTuple = (
+    String,
+    i64,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+);
+
+fn claim_tuple(c: Claim) -> ClaimTuple {
+    (c.run_id, c.generation, c.token, c.owner_id, c.expires_at)
+}
+
+fn lease_tuple(l: Lease) -> LeaseTuple {
+    (
+        l.run_id,
+        l.generation,
+        l.owner_id,
+        l.owner_type,
+        l.expires_at,
+        l.heartbeat_at,
+    )
+}
+
+/// The keywords `reserve_run` and `prepare_or_adopt` share, read while attached.
+struct QueuedArgs {
+    run_id: String,
+    workflow_name: String,
+    workflow_ref: String,
+    source: Doc,
+    definition_digest: String,
+    definition: Doc,
+    input: Option<Doc>,
+    launch_options: Option<Doc>,
+    runner_id: String,
+    origin_session_id: String,
+    parent_run_id: Option<String>,
+}
+
+impl QueuedArgs {
+    /// Serialize and hash the JSON arguments (detached).
+    fn into_request(self) -> NewQueuedRun {
+        let doc = |d: Doc| Json::new(d.to_vec());
+        NewQueuedRun {
+            run_id: self.run_id,
+            workflow_name: self.workflow_name,
+            workflow_ref: self.workflow_ref,
+            source: doc(self.source),
+            definition_digest: self.definition_digest,
+            definition: doc(self.definition),
+            input: self.input.map_or_else(|| Json::new(b"null".to_vec()), doc),
+            launch_options: self
+                .launch_options
+                .map_or_else(|| Json::new(b"{}".to_vec()), doc),
+            runner_id: self.runner_id,
+            origin_session_id: self.origin_session_id,
+            parent_run_id: self.parent_run_id,
+        }
+    }
 }
 
 fn bytes_or_none<'py>(py: Python<'py>, b: Option<&[u8]>) -> Bound<'py, PyAny> {
@@ -891,6 +960,159 @@ impl PyLedger {
         ))
     }
 
+    // ------------------------------------------------------------------ queue and claims
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "mirrors the keyword-only Python signature"
+    )]
+    fn reserve_run<'py>(
+        &self,
+        py: Python<'py>,
+        run_id: &Bound<'py, PyAny>,
+        workflow_name: &Bound<'py, PyAny>,
+        workflow_ref: &Bound<'py, PyAny>,
+        source: &Bound<'py, PyAny>,
+        definition_digest: &Bound<'py, PyAny>,
+        definition: &Bound<'py, PyAny>,
+        input: &Bound<'py, PyAny>,
+        launch_options: &Bound<'py, PyAny>,
+        runner_id: &Bound<'py, PyAny>,
+        origin_session_id: &Bound<'py, PyAny>,
+        parent_run_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let args = queued_args(
+            run_id,
+            workflow_name,
+            workflow_ref,
+            source,
+            definition_digest,
+            definition,
+            input,
+            launch_options,
+            runner_id,
+            origin_session_id,
+            parent_run_id,
+        )?;
+        let run = self.run(py, move |s, now| {
+            queue::reserve_run(s, &args.into_request(), now)
+        })?;
+        run_tuple(py, run)
+    }
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "mirrors the keyword-only Python signature"
+    )]
+    fn prepare_or_adopt<'py>(
+        &self,
+        py: Python<'py>,
+        run_id: &Bound<'py, PyAny>,
+        workflow_name: &Bound<'py, PyAny>,
+        workflow_ref: &Bound<'py, PyAny>,
+        source: &Bound<'py, PyAny>,
+        definition_digest: &Bound<'py, PyAny>,
+        definition: &Bound<'py, PyAny>,
+        input: &Bound<'py, PyAny>,
+        launch_options: &Bound<'py, PyAny>,
+        runner_id: &Bound<'py, PyAny>,
+        origin_session_id: &Bound<'py, PyAny>,
+        parent_run_id: &Bound<'py, PyAny>,
+        lease_ms: &Bound<'py, PyAny>,
+        claim_token: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let args = queued_args(
+            run_id,
+            workflow_name,
+            workflow_ref,
+            source,
+            definition_digest,
+            definition,
+            input,
+            launch_options,
+            runner_id,
+            origin_session_id,
+            parent_run_id,
+        )?;
+        let lease_ms = int(lease_ms, "lease_ms")?;
+        let token = opt_text(claim_token, "claim_token")?;
+        let runner = args.runner_id.clone();
+        let prepared = self.run(py, move |s, now| {
+            let spec = ClaimSpec::new(runner, lease_ms, token, "claim_token")?;
+            queue::prepare_or_adopt(s, &args.into_request(), &spec, now)
+        })?;
+        let claim = match prepared.claim {
+            Some(c) => claim_tuple(c).into_pyobject(py)?.into_any(),
+            None => py.None().into_bound(py),
+        };
+        tuple!(py; prepared.state, run_tuple(py, prepared.run)?, claim)
+    }
+
+    fn claim(
+        &self,
+        py: Python<'_>,
+        run_id: &Bound<'_, PyAny>,
+        runner_id: &Bound<'_, PyAny>,
+        lease_ms: &Bound<'_, PyAny>,
+        token: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<ClaimTuple>> {
+        let run_id = text(run_id, "run_id")?;
+        let runner_id = text(runner_id, "runner_id")?;
+        let lease_ms = int(lease_ms, "lease_ms")?;
+        let token = opt_text(token, "token")?;
+        let claim = self.run(py, move |s, now| {
+            let spec = ClaimSpec::new(runner_id, lease_ms, token, "token")?;
+            queue::claim(s, &run_id, &spec, now)
+        })?;
+        Ok(claim.map(claim_tuple))
+    }
+
+    fn heartbeat(
+        &self,
+        py: Python<'_>,
+        claim: &Bound<'_, PyAny>,
+        lease_ms: &Bound<'_, PyAny>,
+    ) -> PyResult<ClaimTuple> {
+        let (fence, token) = claim_arg(claim)?;
+        let lease_ms = int(lease_ms, "lease_ms")?;
+        let claim = self.run(py, move |s, now| {
+            queue::heartbeat(s, &fence, &token, lease_ms, now)
+        })?;
+        Ok(claim_tuple(claim))
+    }
+
+    fn release(&self, py: Python<'_>, claim: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (fence, _) = claim_arg(claim)?;
+        self.run(py, move |s, now| queue::release(s, &fence, now))
+    }
+
+    fn set_status<'py>(
+        &self,
+        py: Python<'py>,
+        run_id: &Bound<'py, PyAny>,
+        status: &Bound<'py, PyAny>,
+        claim: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let run_id = text(run_id, "run_id")?;
+        let status = text(status, "status")?;
+        let (fence, _) = claim_arg(claim)?;
+        let run = self.run(py, move |s, now| {
+            queue::set_status(s, &run_id, &status, &fence, now)
+        })?;
+        run_tuple(py, run)
+    }
+
+    fn lease(&self, py: Python<'_>, run_id: &Bound<'_, PyAny>) -> PyResult<LeaseTuple> {
+        let run_id = text(run_id, "run_id")?;
+        let lease = self.run(py, move |s, _| queue::lease(s, &run_id))?;
+        Ok(lease_tuple(lease))
+    }
+
+    fn expired_leases(&self, py: Python<'_>) -> PyResult<Vec<LeaseTuple>> {
+        let leases = self.run(py, queue::expired_leases)?;
+        Ok(leases.into_iter().map(lease_tuple).collect())
+    }
+
     // ------------------------------------------------------------------ events
 
     fn events<'py>(
@@ -910,4 +1132,37 @@ impl PyLedger {
         })?;
         rows.into_iter().map(|e| event_tuple(py, e)).collect()
     }
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the shared keywords of reserve_run and prepare_or_adopt"
+)]
+fn queued_args(
+    run_id: &Bound<'_, PyAny>,
+    workflow_name: &Bound<'_, PyAny>,
+    workflow_ref: &Bound<'_, PyAny>,
+    source: &Bound<'_, PyAny>,
+    definition_digest: &Bound<'_, PyAny>,
+    definition: &Bound<'_, PyAny>,
+    input: &Bound<'_, PyAny>,
+    launch_options: &Bound<'_, PyAny>,
+    runner_id: &Bound<'_, PyAny>,
+    origin_session_id: &Bound<'_, PyAny>,
+    parent_run_id: &Bound<'_, PyAny>,
+) -> PyResult<QueuedArgs> {
+    let py = run_id.py();
+    Ok(QueuedArgs {
+        run_id: text(run_id, "run_id")?,
+        workflow_name: text(workflow_name, "workflow_name")?,
+        workflow_ref: text(workflow_ref, "workflow_ref")?,
+        source: read_doc(py, source, "source")?,
+        definition_digest: text(definition_digest, "definition_digest")?,
+        definition: read_doc(py, definition, "definition")?,
+        input: opt_doc(input, "input")?,
+        launch_options: opt_doc(launch_options, "launch_options")?,
+        runner_id: text(runner_id, "runner_id")?,
+        origin_session_id: text(origin_session_id, "origin_session_id")?,
+        parent_run_id: opt_text(parent_run_id, "parent_run_id")?,
+    })
 }

@@ -134,9 +134,12 @@ pub const LATEST_ATTEMPT_SQL: &str = "SELECT attempt, dispatch_id, status, step_
     reclaims, lease_generation FROM attempts WHERE run_id = ?1 AND unit_id = ?2
     ORDER BY attempt DESC LIMIT 1";
 /// A reclaim keeps the attempt number and dispatch id; it only records who holds it now.
+/// A reclaim under a claim records the reclaimer's generation (the claim epoch of `PRIOR_ART`
+/// C1.6): the dispatch id stays, and the attempt says which owner handed it out last.
 pub const RECLAIM_ATTEMPT_SQL: &str = "UPDATE attempts SET reclaims = reclaims + 1,
-    holder = coalesce(?4, holder) WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3
-    RETURNING reclaims";
+    holder = coalesce(?4, holder), lease_generation = coalesce(?5, lease_generation)
+    WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3
+    RETURNING reclaims, lease_generation";
 pub const RECLAIM_UNIT_SQL: &str =
     "UPDATE units SET claim_holder = coalesce(?3, claim_holder) WHERE run_id = ?1 AND unit_id = ?2";
 /// The projection follows the newest attempt: every column is overwritten and the previous
@@ -187,5 +190,53 @@ pub const ACCOUNTING_SQL: &str = "SELECT count(*), coalesce(sum(tokens), 0),
 // ------------------------------------------------------------------ leases
 
 /// The fence of a claimed write, read inside that write's own transaction.
-pub const FENCE_SQL: &str =
-    "SELECT generation, token_hash, expires_at, owner_type FROM leases WHERE resource_id = ?1";
+pub const FENCE_SQL: &str = "SELECT generation, token_hash, expires_at, owner_type, owner_id
+    FROM leases WHERE resource_id = ?1";
+pub const LEASE_SQL: &str = "SELECT generation, owner_id, owner_type, expires_at, heartbeat_at
+    FROM leases WHERE resource_id = ?1";
+/// Runs made by `start_run` get their lease row on first claim; queued runs have it already.
+pub const CREATE_LEASE_SQL: &str =
+    "INSERT INTO leases(resource_id, generation) VALUES (?1, 0) ON CONFLICT DO NOTHING";
+/// The compare-and-set of a claim: `generation = ?2` is the generation read in this same
+/// transaction, so a claim that raced another (on PostgreSQL, where two can read the same row)
+/// changes nothing instead of taking a generation twice.
+pub const CLAIM_SQL: &str = "UPDATE leases SET generation = generation + 1, owner_type = ?3,
+    owner_id = ?4, token_hash = ?5, acquired_at = ?6, heartbeat_at = ?6, expires_at = ?7
+    WHERE resource_id = ?1 AND generation = ?2";
+/// The fence is repeated in the statement itself (generation, token hash, unexpired), so the
+/// write cannot land on a lease that moved even if the check before it were skipped.
+pub const HEARTBEAT_SQL: &str = "UPDATE leases SET heartbeat_at = ?2, expires_at = ?3
+    WHERE resource_id = ?1 AND generation = ?4 AND token_hash = ?5 AND expires_at > ?2";
+/// Release clears the owner and keeps the generation: the next claim takes generation + 1.
+pub const RELEASE_SQL: &str = "UPDATE leases SET owner_type = NULL, owner_id = NULL,
+    token_hash = NULL, acquired_at = NULL, heartbeat_at = NULL, expires_at = NULL
+    WHERE resource_id = ?1 AND generation = ?2 AND token_hash = ?3 AND expires_at > ?4";
+/// `expires_at <= ?1` implies `expires_at IS NOT NULL`, so the partial `leases_expires` index
+/// serves it.
+pub const EXPIRED_LEASES_SQL: &str = "SELECT l.resource_id, l.generation, l.owner_id,
+    l.owner_type, l.expires_at, l.heartbeat_at
+    FROM leases l JOIN runs r ON r.run_id = l.resource_id
+    WHERE l.expires_at <= ?1 AND r.status NOT IN ('completed', 'failed', 'cancelled')
+    ORDER BY l.expires_at, l.resource_id";
+
+// ------------------------------------------------------------------ queue
+
+pub const DEFINITION_INSERT_SQL: &str = "INSERT INTO definitions(definition_digest,
+    workflow_name, created_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING";
+pub const RESERVE_RUN_INSERT_SQL: &str = "INSERT INTO runs(run_id, workflow_ref, workflow_name,
+    definition_digest, guarded, status, input, launch_options, source, parent_run_id,
+    origin_session_id, runner_id, created_at, updated_at)
+    VALUES (?1, ?2, ?3, ?4, 0, 'queued', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11)";
+/// What `prepare_or_adopt` compares, plus the status (a terminal run is not adopted).
+pub const PREPARATION_SQL: &str = "SELECT workflow_name, workflow_ref, definition_digest,
+    origin_session_id, parent_run_id, source, input, launch_options, status
+    FROM runs WHERE run_id = ?1";
+pub const CONTINUATION_PARENT_SQL: &str =
+    "SELECT status, origin_session_id FROM runs WHERE run_id = ?1";
+/// A continuation is a run with this parent that was not published as a child (children carry
+/// an invocation key). Served by `runs_parent`.
+pub const CONTINUATION_OF_SQL: &str =
+    "SELECT run_id FROM runs WHERE parent_run_id = ?1 AND invocation_key IS NULL LIMIT 1";
+/// A claim moves a queued run to `starting`; any other status is the controller's to change.
+pub const CLAIM_STARTING_SQL: &str =
+    "UPDATE runs SET status = 'starting', updated_at = ?2 WHERE run_id = ?1 AND status = 'queued'";

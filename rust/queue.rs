@@ -1,0 +1,413 @@
+//! The run queue: reserving runs for a controller, preparing or adopting them atomically,
+//! claims, heartbeats, releases and fenced status changes (DESIGN §3, §4 "Queue and leases").
+//!
+//! Every operation is one IMMEDIATE transaction. Digests are always recomputed from the
+//! values the caller passes, never taken on trust (`PRIOR_ART` C3.1a); a refused operation rolls
+//! back, so a `ContinuationRefused` or `PreparationConflict` leaves nothing behind.
+
+use rusqlite::params;
+
+use crate::blobs;
+use crate::canonical::Value;
+use crate::errors::{LedgerError, Result};
+use crate::events::{self, Actor};
+use crate::ids::{check_name, check_run_id};
+use crate::leases::{self, ClaimSpec, Fence};
+use crate::model::{Claim, Lease, Run};
+use crate::runs::{self, Json};
+use crate::store::sqlite::{sql, SqliteStore, Tx};
+
+/// `reserve_run`'s arguments, canonicalized before the transaction.
+#[derive(Debug, Clone)]
+pub struct NewQueuedRun {
+    /// The run id (DESIGN §2 rules).
+    pub run_id: String,
+    /// Display name.
+    pub workflow_name: String,
+    /// Workflow reference.
+    pub workflow_ref: String,
+    /// The workflow source identity.
+    pub source: Json,
+    /// What the caller says the definition's digest is (checked, not trusted).
+    pub definition_digest: String,
+    /// The definition snapshot.
+    pub definition: Json,
+    /// The run's input (`null` if none).
+    pub input: Json,
+    /// Launch options (`{}` if none).
+    pub launch_options: Json,
+    /// The runner the run is meant for (affinity).
+    pub runner_id: String,
+    /// The session that queued it.
+    pub origin_session_id: String,
+    /// The run this one continues.
+    pub parent_run_id: Option<String>,
+}
+
+impl NewQueuedRun {
+    /// Validate ids and the definition digest (recomputed from the definition).
+    pub fn check(&self) -> Result<()> {
+        check_run_id("run_id", &self.run_id)?;
+        check_name("workflow_name", &self.workflow_name)?;
+        check_name("workflow_ref", &self.workflow_ref)?;
+        check_name("runner_id", &self.runner_id)?;
+        check_name("origin_session_id", &self.origin_session_id)?;
+        if let Some(parent) = &self.parent_run_id {
+            check_run_id("parent_run_id", parent)?;
+            if parent == &self.run_id {
+                return Err(LedgerError::invalid(
+                    "parent_run_id",
+                    "a run cannot continue itself",
+                ));
+            }
+        }
+        if self.definition_digest != self.definition.digest {
+            return Err(LedgerError::invalid(
+                "definition_digest",
+                format!(
+                    "is {:?} but the definition's digest is {:?}; pass fencepost.digest(definition)",
+                    self.definition_digest, self.definition.digest
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+const TERMINAL: [&str; 3] = ["completed", "failed", "cancelled"];
+
+fn is_terminal(status: &str) -> bool {
+    TERMINAL.contains(&status)
+}
+
+/// Refuse or accept the continuation of `parent`; a parked parent with no live owner becomes
+/// `completed` with `run.continued`.
+fn continue_parent(tx: &Tx<'_>, req: &NewQueuedRun, parent: &str, now_ms: i64) -> Result<()> {
+    let refused = |reason: String| LedgerError::ContinuationRefused {
+        parent_run_id: parent.to_owned(),
+        reason,
+    };
+    let Some((status, origin)) = tx.row(sql::CONTINUATION_PARENT_SQL, [parent], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
+    })?
+    else {
+        return Err(refused(format!("run {parent:?} does not exist")));
+    };
+    if origin.as_deref() != Some(req.origin_session_id.as_str()) {
+        return Err(refused(format!(
+            "run {parent:?} belongs to another session; continue it from {:?}",
+            origin.unwrap_or_default()
+        )));
+    }
+    if let Some(existing) = tx.row(sql::CONTINUATION_OF_SQL, [parent], |r| {
+        r.get::<_, String>(0)
+    })? {
+        return Err(refused(format!(
+            "run {parent:?} already has a continuation, {existing:?}"
+        )));
+    }
+    if status != "parked" {
+        return Err(refused(format!(
+            "run {parent:?} is {status}; only a parked run can be continued"
+        )));
+    }
+    // An expired owner does not block (PRIOR_ART C6.2): it can no longer write anyway.
+    let lease = leases::read(tx, parent)?;
+    let live = lease.owner_id.is_some() && lease.expires_at.is_some_and(|e| e > now_ms);
+    if live {
+        return Err(refused(format!(
+            "run {parent:?} still has a live owner ({}); release its claim first",
+            lease.owner_id.unwrap_or_default()
+        )));
+    }
+    tx.exec(
+        sql::SET_RUN_STATUS_SQL,
+        params![parent, "completed", Option::<&str>::None, now_ms],
+    )?;
+    let payload = Value::Object(vec![
+        ("continuation_run_id".into(), Value::Str(req.run_id.clone())),
+        ("from".into(), Value::Str("parked".into())),
+        ("to".into(), Value::Str("completed".into())),
+    ]);
+    events::append(
+        tx,
+        parent,
+        "run.continued",
+        &payload,
+        &Actor::default(),
+        now_ms,
+    )?;
+    Ok(())
+}
+
+/// The body of `reserve_run`, inside the caller's transaction.
+fn reserve_in(tx: &Tx<'_>, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
+    if tx
+        .row(sql::RUN_EXISTS_SQL, [&req.run_id], |_| Ok(()))?
+        .is_some()
+    {
+        return Err(LedgerError::invalid(
+            "run_id",
+            format!(
+                "run {:?} is already reserved; use prepare_or_adopt to adopt it",
+                req.run_id
+            ),
+        ));
+    }
+    if let Some(parent) = &req.parent_run_id {
+        continue_parent(tx, req, parent, now_ms)?;
+    }
+    for json in [
+        &req.definition,
+        &req.source,
+        &req.input,
+        &req.launch_options,
+    ] {
+        blobs::put_digested(tx, &json.digest, json.text.as_bytes(), now_ms)?;
+    }
+    tx.exec(
+        sql::DEFINITION_INSERT_SQL,
+        params![req.definition.digest, req.workflow_name, now_ms],
+    )?;
+    tx.exec(
+        sql::RESERVE_RUN_INSERT_SQL,
+        params![
+            req.run_id,
+            req.workflow_ref,
+            req.workflow_name,
+            req.definition.digest,
+            req.input.digest,
+            req.launch_options.digest,
+            req.source.digest,
+            req.parent_run_id,
+            req.origin_session_id,
+            req.runner_id,
+            now_ms
+        ],
+    )?;
+    tx.exec(sql::CREATE_LEASE_SQL, [&req.run_id])?;
+    let payload = Value::Object(vec![
+        (
+            "definition_digest".into(),
+            Value::Str(req.definition.digest.clone()),
+        ),
+        ("status".into(), Value::Str("queued".into())),
+    ]);
+    let actor = Actor {
+        kind: Some("session"),
+        id: Some(req.origin_session_id.clone()),
+        generation: None,
+    };
+    events::append(tx, &req.run_id, "run.queued", &payload, &actor, now_ms)?;
+    Ok(())
+}
+
+/// Queue a run for a controller: status `queued`, lease at generation 0 with no owner.
+pub fn reserve_run(store: &mut SqliteStore, req: &NewQueuedRun, now_ms: i64) -> Result<Run> {
+    req.check()?;
+    store.write("reserving a run", |tx| {
+        reserve_in(tx, req, now_ms)?;
+        runs::must_read_run(tx, &req.run_id)
+    })
+}
+
+/// What `prepare_or_adopt` answers.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// `claimed` or `adopted`.
+    pub state: &'static str,
+    /// The run as it stands after the call.
+    pub run: Run,
+    /// The claim, when `claimed`.
+    pub claim: Option<Claim>,
+}
+
+/// The fields that differ between a stored run and a request, in a fixed order.
+fn differences(tx: &Tx<'_>, req: &NewQueuedRun) -> Result<Option<(Vec<String>, String)>> {
+    let row = tx.row(sql::PREPARATION_SQL, [&req.run_id], |r| {
+        Ok([
+            r.get::<_, Option<String>>(0)?,
+            r.get::<_, Option<String>>(1)?,
+            r.get::<_, Option<String>>(2)?,
+            r.get::<_, Option<String>>(3)?,
+            r.get::<_, Option<String>>(4)?,
+            r.get::<_, Option<String>>(5)?,
+            r.get::<_, Option<String>>(6)?,
+            r.get::<_, Option<String>>(7)?,
+            r.get::<_, Option<String>>(8)?,
+        ])
+    })?;
+    let Some(stored) = row else {
+        return Ok(None);
+    };
+    let wanted: [(&str, Option<&str>); 8] = [
+        ("workflow_name", Some(&req.workflow_name)),
+        ("workflow_ref", Some(&req.workflow_ref)),
+        ("definition_digest", Some(&req.definition.digest)),
+        ("origin_session_id", Some(&req.origin_session_id)),
+        ("parent_run_id", req.parent_run_id.as_deref()),
+        ("source", Some(&req.source.digest)),
+        ("input", Some(&req.input.digest)),
+        ("launch_options", Some(&req.launch_options.digest)),
+    ];
+    let fields = wanted
+        .iter()
+        .zip(&stored)
+        .filter(|((_, want), have)| *want != have.as_deref())
+        .map(|((name, _), _)| (*name).to_owned())
+        .collect();
+    let [.., status] = stored;
+    Ok(Some((fields, status.unwrap_or_default())))
+}
+
+/// Adopt the run if it exists with exactly these inputs (no writes at all), refuse it if it
+/// differs, else reserve and claim it, all in one transaction.
+pub fn prepare_or_adopt(
+    store: &mut SqliteStore,
+    req: &NewQueuedRun,
+    spec: &ClaimSpec,
+    now_ms: i64,
+) -> Result<Prepared> {
+    req.check()?;
+    store.write("preparing a run", |tx| {
+        if let Some((fields, status)) = differences(tx, req)? {
+            if !fields.is_empty() {
+                return Err(LedgerError::PreparationConflict {
+                    run_id: req.run_id.clone(),
+                    fields,
+                });
+            }
+            if is_terminal(&status) {
+                return Err(LedgerError::RunNotActive {
+                    run_id: req.run_id.clone(),
+                    status,
+                });
+            }
+            return Ok(Prepared {
+                state: "adopted",
+                run: runs::must_read_run(tx, &req.run_id)?,
+                claim: None,
+            });
+        }
+        reserve_in(tx, req, now_ms)?;
+        let claim = leases::claim(tx, &req.run_id, "queued", spec, now_ms)?.ok_or_else(|| {
+            LedgerError::Store {
+                operation: "preparing a run".into(),
+                message: format!("run {:?} was reserved but could not be claimed", req.run_id),
+            }
+        })?;
+        Ok(Prepared {
+            state: "claimed",
+            run: runs::must_read_run(tx, &req.run_id)?,
+            claim: Some(claim),
+        })
+    })
+}
+
+/// Claim a run. `None` for a terminal run or while another owner's lease is unexpired.
+pub fn claim(
+    store: &mut SqliteStore,
+    run_id: &str,
+    spec: &ClaimSpec,
+    now_ms: i64,
+) -> Result<Option<Claim>> {
+    store.write("claiming a run", |tx| {
+        let state = runs::run_state(tx, run_id)?;
+        if is_terminal(&state.status) {
+            return Ok(None);
+        }
+        leases::claim(tx, run_id, &state.status, spec, now_ms)
+    })
+}
+
+/// Extend a live claim by `lease_ms` from now.
+pub fn heartbeat(
+    store: &mut SqliteStore,
+    fence: &Fence,
+    token: &str,
+    lease_ms: i64,
+    now_ms: i64,
+) -> Result<Claim> {
+    leases::check_lease_ms("lease_ms", lease_ms)?;
+    store.write("renewing a claim", |tx| {
+        let mut claim = leases::heartbeat(tx, fence, lease_ms, now_ms)?;
+        token.clone_into(&mut claim.token);
+        Ok(claim)
+    })
+}
+
+/// Give a live claim up.
+pub fn release(store: &mut SqliteStore, fence: &Fence, now_ms: i64) -> Result<()> {
+    store.write("releasing a claim", |tx| leases::release(tx, fence, now_ms))
+}
+
+/// The lifecycle of DESIGN §3: which status may follow which.
+fn allowed(from: &str, to: &str) -> bool {
+    match from {
+        "queued" => matches!(to, "starting" | "cancelled" | "failed"),
+        "starting" => matches!(to, "active" | "cancelled" | "failed"),
+        "active" => matches!(
+            to,
+            "blocked" | "parked" | "completed" | "cancelled" | "failed"
+        ),
+        "blocked" => matches!(to, "active" | "cancelled" | "failed"),
+        "parked" => matches!(to, "completed" | "cancelled" | "failed"),
+        _ => false,
+    }
+}
+
+const STATUSES: [&str; 8] = [
+    "queued",
+    "starting",
+    "active",
+    "blocked",
+    "parked",
+    "completed",
+    "failed",
+    "cancelled",
+];
+
+/// Move a claimed run along its lifecycle, fenced by the claim.
+pub fn set_status(
+    store: &mut SqliteStore,
+    run_id: &str,
+    status: &str,
+    fence: &Fence,
+    now_ms: i64,
+) -> Result<Run> {
+    if !STATUSES.contains(&status) {
+        return Err(LedgerError::invalid(
+            "status",
+            format!("must be one of {}, not {status:?}", STATUSES.join(", ")),
+        ));
+    }
+    store.write("changing a run's status", |tx| {
+        let actor = leases::check(tx, run_id, Some(fence), now_ms)?;
+        let state = runs::run_state(tx, run_id)?;
+        if !allowed(&state.status, status) {
+            return Err(LedgerError::invalid(
+                "status",
+                format!(
+                    "a run cannot go from {} to {status} (DESIGN §3 lifecycle)",
+                    state.status
+                ),
+            ));
+        }
+        let step = state.current_step_id.clone();
+        runs::transition(tx, run_id, &state, status, step.as_deref(), &actor, now_ms)?;
+        runs::must_read_run(tx, run_id)
+    })
+}
+
+/// The lease of a run (generation 0 and no owner if never claimed).
+pub fn lease(store: &mut SqliteStore, run_id: &str) -> Result<Lease> {
+    store.read("reading a lease", |tx| {
+        runs::run_state(tx, run_id)?;
+        leases::read(tx, run_id)
+    })
+}
+
+/// Owned leases past their expiry on runs that are not terminal, soonest-expired first.
+pub fn expired_leases(store: &mut SqliteStore, now_ms: i64) -> Result<Vec<Lease>> {
+    store.read("listing expired leases", |tx| leases::expired(tx, now_ms))
+}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,3 +82,18 @@ STEPS = [
     {"id": "build", "title": "Build", "instructions": "Build it", "completion": {"kind": "auto"}},
     {"id": "ship", "title": "Ship"},
 ]
+
+
+@contextlib.contextmanager
+def raw_db(path: str | os.PathLike[str]) -> Iterator[sqlite3.Connection]:
+    """Python's own sqlite3 on a ledger file, for reading behind the API's back: committed and
+    *closed* on exit. A connection of a second SQLite library left open in this process would
+    see the file through stale shared-memory state once fencepost closes it (POSIX locks are
+    per process, so fencepost's last connection cannot see it and removes the -wal/-shm files).
+    """
+    db = sqlite3.connect(path)
+    try:
+        yield db
+        db.commit()
+    finally:
+        db.close()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import fencepost as fp
-from tests.conftest import STEPS, FakeClock
+from tests.conftest import STEPS, FakeClock, raw_db
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -320,7 +320,7 @@ def test_check_constraints_guard_statuses(tmp_path: Any) -> None:
     with fp.Ledger.open(str(path)) as ledger:
         run = ledger.start_run("wf", scope_key="s", steps=STEPS)
         ledger.reserve_attempt(run.run_id, "u1", step_id="build")
-    with sqlite3.connect(path) as db:
+    with raw_db(path) as db:
         for sql in [
             "UPDATE runs SET status='exploded'",
             "UPDATE attempts SET status='weird'",

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
-import sqlite3
 from typing import Any
 
 import pytest
 
 import fencepost as fp
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, raw_db
 
 DEFINITION = {"name": "deploy", "steps": [{"id": "build"}, {"id": "ship"}], "version": 3}
 
@@ -54,7 +53,9 @@ def ledger(db: pathlib.Path, clock: FakeClock) -> Any:
 
 def counts(db: pathlib.Path) -> tuple[int, int, int, int]:
     """(runs, events, attempts, blobs): what 'nothing written' is checked against."""
-    with sqlite3.connect(db) as c:
+    # Closed explicitly: a second SQLite library in this process must not keep the file open
+    # (README "Concurrency": POSIX locks are per process).
+    with raw_db(db) as c:
         return tuple(  # type: ignore[return-value]
             c.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
             for t in ("runs", "events", "attempts", "blobs")

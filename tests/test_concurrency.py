@@ -8,12 +8,11 @@ from __future__ import annotations
 import multiprocessing
 import pathlib
 import random
-import sqlite3
 from collections import Counter
 from typing import Any
 
 import fencepost as fp
-from tests.conftest import STEPS
+from tests.conftest import STEPS, raw_db
 
 PROCS = 4
 CTX = multiprocessing.get_context("spawn")
@@ -130,7 +129,7 @@ def _check_attempt_invariants(path: str, run_id: str, logs: list[Any]) -> None:
     seen = {(u, a) for log in logs for u, a, _, _ in log}
     assert all(n == 1 for n in wins.values()), "two winning finishes for one attempt"
     assert set(wins) == seen, "an attempt nobody finished"
-    with sqlite3.connect(path) as db:
+    with raw_db(path) as db:
         rows = db.execute(
             "SELECT unit_id, attempt, dispatch_id, status FROM attempts WHERE run_id = ?",
             (run_id,),

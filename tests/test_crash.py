@@ -10,14 +10,13 @@ import os
 import pathlib
 import random
 import signal
-import sqlite3
 import time
 from typing import Any
 
 import pytest
 
 import fencepost as fp
-from tests.conftest import STEPS
+from tests.conftest import STEPS, raw_db
 
 CTX = multiprocessing.get_context("fork")
 
@@ -43,7 +42,7 @@ def _worker(path: str, run_id: str, seed: int, ready: Any) -> None:
 
 def check_invariants(path: str) -> int:
     """Return the number of attempts after asserting every invariant on the file."""
-    with sqlite3.connect(path) as db:
+    with raw_db(path) as db:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         attempts = db.execute(
             "SELECT run_id, unit_id, attempt, dispatch_id, status FROM attempts"

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 import fencepost as fp
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, raw_db
 
 
 def _migrations(path: pathlib.Path) -> list[tuple[int, str]]:
-    with sqlite3.connect(path) as db:
+    with raw_db(path) as db:
         return db.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall()
 
 
@@ -30,7 +30,7 @@ def test_open_file_creates_schema_in_wal(tmp_path: pathlib.Path) -> None:
         assert pragmas["schema_version"] == fp.SCHEMA_VERSION
     rows = _migrations(path)
     assert [v for v, _ in rows] == list(range(1, fp.SCHEMA_VERSION + 1))
-    with sqlite3.connect(path) as db:
+    with raw_db(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
@@ -38,11 +38,11 @@ def test_reopen_is_a_no_op(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "ledger.db"
     fp.Ledger.open(str(path)).close()
     before = _migrations(path)
-    with sqlite3.connect(path) as db:
+    with raw_db(path) as db:
         applied = db.execute("SELECT applied_at FROM schema_migrations").fetchall()
     fp.Ledger.open(str(path)).close()
     assert _migrations(path) == before
-    with sqlite3.connect(path) as db:
+    with raw_db(path) as db:
         assert db.execute("SELECT applied_at FROM schema_migrations").fetchall() == applied
 
 
@@ -71,7 +71,7 @@ def test_memory_target(target: str) -> None:
 def test_newer_schema_is_refused_and_left_alone(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "newer.db"
     fp.Ledger.open(str(path)).close()
-    with sqlite3.connect(path) as db:
+    with raw_db(path) as db:
         db.execute(
             "INSERT INTO schema_migrations(version, name, applied_at) VALUES (999, 'future', 0)"
         )
@@ -148,7 +148,7 @@ def test_blobs_are_content_addressed(tmp_path: pathlib.Path) -> None:
         b = ledger.put_json({"a": [True, "x", 1.5, None], "z": 1})
         assert a == b == fp.digest({"z": 1, "a": [True, "x", 1.5, None]})
         assert ledger.get_json(a) == {"a": [True, "x", 1.5, None], "z": 1}
-    with sqlite3.connect(tmp_path / "b.db") as db:
+    with raw_db(tmp_path / "b.db") as db:
         rows = db.execute("SELECT digest, bytes FROM blobs").fetchall()
     assert rows == [(a, fp.canonical_json({"a": [True, "x", 1.5, None], "z": 1}))]
 
@@ -169,14 +169,14 @@ def test_bad_json_writes_nothing(tmp_path: pathlib.Path) -> None:
         with pytest.raises(fp.CanonicalJsonError) as info:
             ledger.put_json({"ok": [1, float("nan")]})
         assert info.value.path == "$.ok[1]"
-    with sqlite3.connect(tmp_path / "b.db") as db:
+    with raw_db(tmp_path / "b.db") as db:
         assert db.execute("SELECT count(*) FROM blobs").fetchone()[0] == 0
 
 
 def test_injected_clock_stamps_rows(tmp_path: pathlib.Path, clock: FakeClock) -> None:
     with fp.Ledger.open(str(tmp_path / "t.db"), clock=clock) as ledger:
         ledger.put_json({"t": 1})
-    with sqlite3.connect(tmp_path / "t.db") as db:
+    with raw_db(tmp_path / "t.db") as db:
         assert db.execute("SELECT created_at FROM blobs").fetchone()[0] == clock.now
     assert fp.models.from_ms(clock.now) == dt.datetime(2025, 12, 3, 0, 0, tzinfo=dt.UTC)
 
@@ -186,7 +186,7 @@ def test_events_are_append_only_in_the_database(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "ledger.db"
     with fp.Ledger.open(str(path)) as ledger:
         ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True)
-    with sqlite3.connect(path) as db:
+    with raw_db(path) as db:
         for statement in ("DELETE FROM events", "UPDATE events SET type = 'x'"):
             with pytest.raises(sqlite3.IntegrityError, match="append-only"):
                 db.execute(statement)
@@ -196,7 +196,7 @@ def test_events_are_append_only_in_the_database(tmp_path: pathlib.Path) -> None:
 def test_new_files_use_small_pages(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "ledger.db"
     fp.Ledger.open(str(path)).close()
-    with sqlite3.connect(path) as db:
+    with raw_db(path) as db:
         assert db.execute("PRAGMA page_size").fetchone()[0] == 1024
 
 
@@ -225,7 +225,7 @@ def test_write_ahead_log_stays_bounded_and_is_removed_at_close(tmp_path: pathlib
         assert len(ledger.units("r1")) == 6000
     assert 0 < biggest < limit
     assert not wal.exists()
-    with sqlite3.connect(path) as db:
+    with raw_db(path) as db:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         done = db.execute("SELECT count(*) FROM attempts WHERE status = 'completed'").fetchone()
         assert done[0] == 6000

@@ -53,6 +53,9 @@ impl Shared {
 pub struct Checkpointer {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// The process that started the thread: a forked child inherits this value but not the
+    /// thread, and must not wait for it.
+    pid: u32,
 }
 
 impl Checkpointer {
@@ -102,6 +105,7 @@ impl Checkpointer {
         let me = Self {
             shared,
             thread: Some(thread),
+            pid: std::process::id(),
         };
         // Without the hook the thread would never be woken; SQLite's own checkpoints stay on.
         hooked.ok().map(|()| me)
@@ -137,7 +141,9 @@ impl Drop for Checkpointer {
             self.shared.wake.notify_one();
         }
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            if self.pid == std::process::id() {
+                let _ = thread.join();
+            }
         }
     }
 }

@@ -20,7 +20,7 @@ def main(path: str) -> int:
     for b in data["benchmarks"]:
         info = b["extra_info"]
         impl = info.get("impl") or b["name"].split("[")[0]
-        groups[b["group"]][impl] = b["stats"]["median"] * 1e6 / info.get("ops", 1)
+        groups[b["group"] or b["name"]][impl] = b["stats"]["median"] * 1e6 / info.get("ops", 1)
     cpu = data["machine_info"].get("cpu", {})
     print(
         f"Machine: {cpu.get('brand_raw', '?')}, {cpu.get('count', '?')} cores, "

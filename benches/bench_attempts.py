@@ -8,27 +8,13 @@ from __future__ import annotations
 import itertools
 import pathlib
 import sqlite3
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-import ref_ledger  # shared/reference, put on sys.path by conftest
+from benches.conftest import label
 
-from benches import ref_adapter
-
-IMPLS: dict[str, Any] = {"fencepost": ref_adapter, "reference": ref_ledger}
 N = 200
 ROUNDS = 15
 _ids = itertools.count()
-
-
-@pytest.fixture(params=list(IMPLS))
-def impl(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[tuple[str, Any, Any]]:
-    name = request.param
-    module = IMPLS[name]
-    handle = module.connect(str(tmp_path / f"{name}.db"))
-    yield name, module, handle
-    module.close(handle)
 
 
 def _fresh(name: str, handle: Any, n: int = N) -> tuple[str, list[str]]:
@@ -38,14 +24,9 @@ def _fresh(name: str, handle: Any, n: int = N) -> tuple[str, list[str]]:
     return run, [f"unit-{i:05d}" for i in range(n)]
 
 
-def _label(benchmark: Any, group: str, name: str, ops: int) -> None:
-    benchmark.group = group
-    benchmark.extra_info.update(impl=name, ops=ops)
-
-
 def bench_reserve(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
     name, L, h = impl
-    _label(benchmark, "reserve_attempt (new attempt)", name, N)
+    label(benchmark, "reserve_attempt (new attempt)", name, N)
 
     def go(run: str, units: list[str]) -> None:
         for u in units:
@@ -59,7 +40,7 @@ def bench_reclaim(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
     run, units = _fresh(name, h)
     for u in units:
         L.reserve_attempt(h, run, u, "w1")
-    _label(benchmark, "reserve_attempt (reclaim in place)", name, N)
+    label(benchmark, "reserve_attempt (reclaim in place)", name, N)
 
     def go() -> None:
         for u in units:
@@ -70,7 +51,7 @@ def bench_reclaim(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
 
 def bench_finish(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
     name, L, h = impl
-    _label(benchmark, "finish_attempt (CAS ok)", name, N)
+    label(benchmark, "finish_attempt (CAS ok)", name, N)
 
     def setup() -> tuple[tuple[str, list[tuple[str, int, str]]], dict[str, Any]]:
         run, units = _fresh(name, h)
@@ -86,7 +67,7 @@ def bench_finish(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
 
 def bench_reserve_finish_cycle(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
     name, L, h = impl
-    _label(benchmark, "reserve+finish cycle (2 tx)", name, N)
+    label(benchmark, "reserve+finish cycle (2 tx)", name, N)
 
     def go(run: str, units: list[str]) -> None:
         for u in units:
@@ -98,7 +79,7 @@ def bench_reserve_finish_cycle(benchmark: Any, impl: tuple[str, Any, Any]) -> No
 
 def bench_batch_reserve(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
     name, L, h = impl
-    _label(benchmark, "reserve_attempts (1000 per tx, per unit)", name, 1000)
+    label(benchmark, "reserve_attempts (1000 per tx, per unit)", name, 1000)
 
     def go(run: str, units: list[str]) -> None:
         assert len(L.reserve_attempts_batch(h, run, units, "w1")) == 1000
@@ -113,7 +94,7 @@ def bench_commit_floor(benchmark: Any, tmp_path: pathlib.Path) -> None:
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
-    _label(benchmark, "raw commit floor", "sqlite3", N)
+    label(benchmark, "raw commit floor", "sqlite3", N)
     ex = db.execute
 
     def go() -> None:

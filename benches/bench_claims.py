@@ -8,36 +8,20 @@ from __future__ import annotations
 
 import itertools
 import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import bench  # shared/reference, put on sys.path by conftest
 import pytest
-import ref_ledger
 from bench import nested_doc
 
 import fencepost as fp
 from benches import ref_adapter
+from benches.conftest import label
 
-IMPLS: dict[str, Any] = {"fencepost": ref_adapter, "reference": ref_ledger}
 N = 200
 ROUNDS = 15
 T0 = 1_000_000
 _ids = itertools.count()
-
-
-@pytest.fixture(params=list(IMPLS))
-def impl(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[tuple[str, Any, Any]]:
-    name = request.param
-    module = IMPLS[name]
-    handle = module.connect(str(tmp_path / f"{name}.db"))
-    yield name, module, handle
-    module.close(handle)
-
-
-def _label(benchmark: Any, group: str, name: str, ops: int) -> None:
-    benchmark.group = group
-    benchmark.extra_info.update(impl=name, ops=ops)
 
 
 def _resources(L: Any, h: Any, owner: str | None = None) -> list[str]:
@@ -55,7 +39,7 @@ def _resources(L: Any, h: Any, owner: str | None = None) -> list[str]:
 
 def bench_claim_new_generation(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
     name, L, h = impl
-    _label(benchmark, "claim (free lease, new generation)", name, N)
+    label(benchmark, "claim (free lease, new generation)", name, N)
 
     def go(rids: list[str]) -> None:
         for rid in rids:
@@ -66,7 +50,7 @@ def bench_claim_new_generation(benchmark: Any, impl: tuple[str, Any, Any]) -> No
 
 def bench_claim_refused(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
     name, L, h = impl
-    _label(benchmark, "claim (refused, held)", name, N)
+    label(benchmark, "claim (refused, held)", name, N)
     rids = _resources(L, h, "o1")
 
     def go() -> None:
@@ -78,7 +62,7 @@ def bench_claim_refused(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
 
 def bench_claim_takeover(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
     name, L, h = impl
-    _label(benchmark, "claim (expired takeover)", name, N)
+    label(benchmark, "claim (expired takeover)", name, N)
 
     def go(rids: list[str]) -> None:
         for rid in rids:
@@ -89,7 +73,7 @@ def bench_claim_takeover(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
 
 def bench_heartbeat(benchmark: Any, tmp_path: pathlib.Path) -> None:
     """fencepost only: the reference has no heartbeat."""
-    _label(benchmark, "heartbeat (fenced)", "fencepost", N)
+    label(benchmark, "heartbeat (fenced)", "fencepost", N)
     with fp.Ledger.open(str(tmp_path / "hb.db")) as ledger:
         claims = []
         for i in range(N):
@@ -111,7 +95,7 @@ OPTIONS = {"scope_key": "tenant-1", "max_parallel": 8, "retries": 3}
 
 def bench_prepare_new(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
     name, L, h = impl
-    _label(benchmark, "prepare_or_adopt (new -> claimed), 2 KB definition", name, N)
+    label(benchmark, "prepare_or_adopt (new -> claimed), 2 KB definition", name, N)
 
     def go(ids: list[str]) -> None:
         for i, run_id in enumerate(ids):
@@ -126,7 +110,7 @@ def bench_prepare_new(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
 
 def bench_prepare_adopt(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
     name, L, h = impl
-    _label(benchmark, "prepare_or_adopt (adopt), 2 KB definition", name, N)
+    label(benchmark, "prepare_or_adopt (adopt), 2 KB definition", name, N)
     batch = next(_ids)
     ids = [f"a{batch}-{i}" for i in range(N)]
     for i, run_id in enumerate(ids):

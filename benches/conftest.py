@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,3 +24,25 @@ from bench import nested_doc  # noqa: E402 - needs the path above
 def document(request: pytest.FixtureRequest) -> Any:
     """The reference benchmark's workflow-definition-like documents (seed 7, as bench.py)."""
     return nested_doc(request.param, 7)
+
+
+@pytest.fixture(params=["fencepost", "reference"])
+def impl(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[tuple[str, Any, Any]]:
+    """(name, module, handle): fencepost through benches/ref_adapter.py, or the reference
+    ledger, each on its own fresh file; both expose shared/reference/ref_ledger.py's names."""
+    import ref_ledger
+
+    from benches import ref_adapter
+
+    name = request.param
+    module: Any = ref_adapter if name == "fencepost" else ref_ledger
+    handle = module.connect(str(tmp_path / f"{name}.db"))
+    yield name, module, handle
+    module.close(handle)
+
+
+def label(benchmark: Any, group: str, name: str, ops: int) -> None:
+    """Group a benchmark and record its implementation and operations per round (ratios.py
+    divides by ``ops``)."""
+    benchmark.group = group
+    benchmark.extra_info.update(impl=name, ops=ops)

@@ -306,6 +306,20 @@ pub fn claim(
     }))
 }
 
+/// The fenced statement itself (its WHERE repeats the fence) must have changed the one lease
+/// row; [`check`] just passed in this transaction, so anything else is the fence failing.
+fn fenced_write(fence: &Fence, changed: usize) -> Result<()> {
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(LedgerError::LeaseLost {
+            run_id: fence.run_id.clone(),
+            expected_generation: fence.generation,
+            actual_generation: fence.generation,
+        })
+    }
+}
+
 /// Extend a live claim. No event: a heartbeat changes no state anyone reads back but the
 /// lease itself (and an event per heartbeat would flood the log of a long run).
 pub fn heartbeat(tx: &Tx<'_>, fence: &Fence, lease_ms: i64, now_ms: i64) -> Result<Claim> {
@@ -321,13 +335,7 @@ pub fn heartbeat(tx: &Tx<'_>, fence: &Fence, lease_ms: i64, now_ms: i64) -> Resu
             fence.token_hash
         ],
     )?;
-    if changed != 1 {
-        return Err(LedgerError::LeaseLost {
-            run_id: fence.run_id.clone(),
-            expected_generation: fence.generation,
-            actual_generation: fence.generation,
-        });
-    }
+    fenced_write(fence, changed)?;
     Ok(Claim {
         run_id: fence.run_id.clone(),
         generation: fence.generation,
@@ -344,13 +352,7 @@ pub fn release(tx: &Tx<'_>, fence: &Fence, now_ms: i64) -> Result<()> {
         sql::RELEASE_SQL,
         params![fence.run_id, fence.generation, fence.token_hash, now_ms],
     )?;
-    if changed != 1 {
-        return Err(LedgerError::LeaseLost {
-            run_id: fence.run_id.clone(),
-            expected_generation: fence.generation,
-            actual_generation: fence.generation,
-        });
-    }
+    fenced_write(fence, changed)?;
     let payload = Value::Object(vec![("generation".into(), Value::Int(fence.generation))]);
     events::append(
         tx,

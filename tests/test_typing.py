@@ -63,3 +63,17 @@ def test_ledger_is_typed(tmp_path: pathlib.Path) -> None:
         assert found == ledger.get_run(run.run_id)
         assert listed[0].run_id == run.run_id
         assert ledger.get_json(digest) == {"k": [1]}
+
+
+async def _typed_async_usage() -> None:
+    # mypy --strict checks these against fencepost.aio's ParamSpec-typed wrappers.
+    from fencepost.aio import AsyncLedger
+
+    async with await AsyncLedger.open(":memory:") as aledger:
+        arun: fp.Run = await aledger.start_run("wf", scope_key=None, steps=[{"id": "s"}])
+        ares: fp.Reservation = await aledger.reserve_attempt(arun.run_id, "u", step_id="s")
+        ok: bool = await aledger.finish_attempt(
+            arun.run_id, "u", ares.attempt, ares.dispatch_id, status="completed"
+        )
+        aclaim: fp.Claim | None = await aledger.claim(arun.run_id, "host-a", lease_ms=10)
+        assert ok and aclaim is not None

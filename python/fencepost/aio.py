@@ -1,0 +1,122 @@
+"""``AsyncLedger``: every ``Ledger`` method as a coroutine, for asyncio programs (DESIGN §10).
+
+Each call runs the blocking method in a worker thread (``asyncio.to_thread``); the Rust core
+releases the GIL for the whole database transaction, so the event loop keeps running while
+SQLite works. Results, models and errors are exactly the synchronous ones.
+
+    async with await fencepost.aio.AsyncLedger.open("fencepost.db") as ledger:
+        run = await ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], force=True)
+
+Calls on one ``AsyncLedger`` share its connection and are serialized by it (one transaction at
+a time per ledger, as with threads); open several ledgers for parallel writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from fencepost.ledger import Durability, Ledger
+
+__all__ = ["AsyncLedger"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _in_thread(
+    method: Callable[Concatenate[Ledger, P], R],
+) -> Callable[Concatenate[AsyncLedger, P], Coroutine[Any, Any, R]]:
+    """The coroutine form of a ``Ledger`` method, with the same signature and docstring."""
+
+    async def call(self: AsyncLedger, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(method, self.ledger, *args, **kwargs)
+
+    call.__name__ = method.__name__
+    call.__qualname__ = f"AsyncLedger.{method.__name__}"
+    call.__doc__ = method.__doc__
+    return call
+
+
+class AsyncLedger:
+    """The asyncio face of a :class:`fencepost.Ledger` (``ledger`` is the synchronous one)."""
+
+    __slots__ = ("ledger",)
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    @classmethod
+    async def open(
+        cls,
+        target: str = "fencepost.db",
+        *,
+        clock: Callable[[], int] | None = None,
+        durability: Durability = "normal",
+        busy_timeout_ms: int = 5000,
+    ) -> AsyncLedger:
+        """``Ledger.open`` in a worker thread (opening migrates, which may take a moment)."""
+        ledger = await asyncio.to_thread(
+            Ledger.open,
+            target,
+            clock=clock,
+            durability=durability,
+            busy_timeout_ms=busy_timeout_ms,
+        )
+        return cls(ledger)
+
+    async def close(self) -> None:
+        """Close the ledger; idempotent."""
+        await asyncio.to_thread(self.ledger.close)
+
+    async def __aenter__(self) -> AsyncLedger:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncLedger({self.ledger!r})"
+
+    pragmas = _in_thread(Ledger.pragmas)
+    put_json = _in_thread(Ledger.put_json)
+    get_json = _in_thread(Ledger.get_json)
+    start_run = _in_thread(Ledger.start_run)
+    publish_child_run = _in_thread(Ledger.publish_child_run)
+    get_run = _in_thread(Ledger.get_run)
+    resolve_run_id = _in_thread(Ledger.resolve_run_id)
+    list_runs = _in_thread(Ledger.list_runs)
+    find_active_run = _in_thread(Ledger.find_active_run)
+    find_active_run_outside_scope = _in_thread(Ledger.find_active_run_outside_scope)
+    find_scope_occupant = _in_thread(Ledger.find_scope_occupant)
+    child_runs = _in_thread(Ledger.child_runs)
+    steps = _in_thread(Ledger.steps)
+    complete_step = _in_thread(Ledger.complete_step)
+    block_run = _in_thread(Ledger.block_run)
+    resume_run = _in_thread(Ledger.resume_run)
+    abandon_run = _in_thread(Ledger.abandon_run)
+    set_outputs = _in_thread(Ledger.set_outputs)
+    reserve_attempt = _in_thread(Ledger.reserve_attempt)
+    reserve_attempts = _in_thread(Ledger.reserve_attempts)
+    finish_attempt = _in_thread(Ledger.finish_attempt)
+    finish_attempts = _in_thread(Ledger.finish_attempts)
+    attempts = _in_thread(Ledger.attempts)
+    units = _in_thread(Ledger.units)
+    unit = _in_thread(Ledger.unit)
+    accounting = _in_thread(Ledger.accounting)
+    reserve_run = _in_thread(Ledger.reserve_run)
+    prepare_or_adopt = _in_thread(Ledger.prepare_or_adopt)
+    claim = _in_thread(Ledger.claim)
+    heartbeat = _in_thread(Ledger.heartbeat)
+    release = _in_thread(Ledger.release)
+    set_status = _in_thread(Ledger.set_status)
+    lease = _in_thread(Ledger.lease)
+    expired_leases = _in_thread(Ledger.expired_leases)
+    events = _in_thread(Ledger.events)

@@ -456,3 +456,13 @@ pub fn accounting(store: &mut SqliteStore, run_id: &str) -> Result<Accounting> {
             .unwrap_or_default())
     })
 }
+
+/// Attempts without their `unit.started` event (at most 100): a ledger written only by
+/// fencepost has none, whatever crashed; `fencepost doctor` reports any it finds.
+pub fn orphans(store: &mut SqliteStore) -> Result<Vec<(String, String, i64, String)>> {
+    store.read("looking for orphan attempts", |tx| {
+        tx.rows(sql::ORPHAN_ATTEMPTS_SQL, [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+    })
+}

@@ -76,4 +76,5 @@ async def _typed_async_usage() -> None:
             arun.run_id, "u", ares.attempt, ares.dispatch_id, status="completed"
         )
         aclaim: fp.Claim | None = await aledger.claim(arun.run_id, "host-a", lease_ms=10)
-        assert ok and aclaim is not None
+        assert ok
+        assert aclaim is not None

@@ -86,6 +86,8 @@ class AsyncLedger:
         return f"AsyncLedger({self.ledger!r})"
 
     pragmas = _in_thread(Ledger.pragmas)
+    integrity_check = _in_thread(Ledger.integrity_check)
+    orphan_attempts = _in_thread(Ledger.orphan_attempts)
     put_json = _in_thread(Ledger.put_json)
     get_json = _in_thread(Ledger.get_json)
     start_run = _in_thread(Ledger.start_run)

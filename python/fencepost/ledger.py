@@ -146,8 +146,12 @@ class Ledger:
         clock: Callable[[], int] | None = None,
         durability: Durability = "normal",
         busy_timeout_ms: int = 5000,
+        create: bool = True,
     ) -> Ledger:
         """Open (creating and migrating if needed) the ledger at ``target``.
+
+        ``create=False`` refuses a missing file with ``StoreError`` instead of creating an
+        empty ledger (inspection tools use it).
 
         ``clock`` returns epoch milliseconds and replaces the system clock everywhere (tests use
         it to exercise expiry without sleeping). ``durability="full"`` makes every commit
@@ -174,7 +178,7 @@ class Ledger:
                 f"clock must be a callable returning epoch milliseconds, not {clock!r}",
                 argument="clock",
             )
-        return cls(_core.Ledger(path, durability, busy_timeout_ms, clock))
+        return cls(_core.Ledger(path, durability, busy_timeout_ms, clock, bool(create)))
 
     def close(self) -> None:
         """Close the database connection. Idempotent; later calls raise ``LedgerError``."""
@@ -198,6 +202,15 @@ class Ledger:
         return dict(self._core.pragmas())
 
     # ------------------------------------------------------------------ blobs
+
+    def integrity_check(self) -> list[str]:
+        """SQLite's ``PRAGMA integrity_check``: ``["ok"]`` for a sound file, else the problems."""
+        return self._core.integrity_check()
+
+    def orphan_attempts(self) -> list[tuple[str, str, int, str]]:
+        """Attempts lacking their ``unit.started`` event, as (run_id, unit_id, attempt,
+        dispatch_id), at most 100. Always empty for a ledger only fencepost wrote."""
+        return self._core.orphan_attempts()
 
     def put_json(self, value: object) -> str:
         """Store ``value`` as canonical JSON; returns its digest (idempotent)."""

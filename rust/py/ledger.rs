@@ -459,13 +459,14 @@ impl PyLedger {
 #[pymethods]
 impl PyLedger {
     #[new]
-    #[pyo3(signature = (path, durability, busy_timeout_ms, clock))]
+    #[pyo3(signature = (path, durability, busy_timeout_ms, clock, create=true))]
     fn new(
         py: Python<'_>,
         path: Option<&str>,
         durability: &str,
         busy_timeout_ms: u64,
         clock: Option<Py<PyAny>>,
+        create: bool,
     ) -> PyResult<Self> {
         let opts = OpenOptions {
             durability: if durability == "full" {
@@ -474,7 +475,7 @@ impl PyLedger {
                 Durability::Normal
             },
             busy_timeout_ms,
-            create: true,
+            create,
         };
         let this = Self {
             store: Mutex::new(None),
@@ -512,6 +513,10 @@ impl PyLedger {
 
     fn integrity_check(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         self.run(py, |s, _| s.integrity_check())
+    }
+
+    fn orphan_attempts(&self, py: Python<'_>) -> PyResult<Vec<(String, String, i64, String)>> {
+        self.run(py, |s, _| attempts::orphans(s))
     }
 
     // ------------------------------------------------------------------ blobs

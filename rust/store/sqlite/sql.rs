@@ -240,3 +240,9 @@ pub const CONTINUATION_OF_SQL: &str =
 /// A claim moves a queued run to `starting`; any other status is the controller's to change.
 pub const CLAIM_STARTING_SQL: &str =
     "UPDATE runs SET status = 'starting', updated_at = ?2 WHERE run_id = ?1 AND status = 'queued'";
+/// One pass over the `unit.started` events into an ephemeral index, then an anti-join: a
+/// correlated lookup per attempt would rescan the run's events for each of them.
+pub const ORPHAN_ATTEMPTS_SQL: &str = "SELECT run_id, unit_id, attempt, dispatch_id
+    FROM attempts WHERE dispatch_id NOT IN (
+        SELECT json_extract(payload, '$.dispatch_id') FROM events WHERE type = 'unit.started')
+    ORDER BY run_id, unit_id, attempt LIMIT 100";

@@ -1,0 +1,351 @@
+"""The ``fencepost`` command line (DESIGN §9): inspection commands and the demo.
+
+Every command takes ``--db TARGET`` (default ``$FENCEPOST_DB``, else ``./fencepost.db``) and
+``--json``. Exit codes: 0 ok, 1 refused (not found, ambiguous, a failed check), 2 usage error.
+Read commands never create a database: a missing file is an error, not an empty ledger.
+Standard library only (``argparse``): the wheel has no runtime dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import pathlib
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TextIO
+
+import fencepost as fp
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
+
+
+class Refused(Exception):
+    """A command that cannot do what was asked (exit 1); the message is printed as is."""
+
+
+def _iso(value: dt.datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _plain(value: Any) -> Any:
+    """Models to JSON-ready values (datetimes as ISO 8601 UTC strings)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dt.datetime):
+        return _iso(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) -> None:
+    """Aligned columns; numbers right-aligned, everything else left."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    numeric = [all(isinstance(r[i], int) for r in rows) and rows for i in range(len(headers))]
+    for row in cells:
+        parts = [
+            c.rjust(w) if numeric[i] else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        out.write("  ".join(parts).rstrip() + "\n")
+
+
+def default_db() -> str:
+    return os.environ.get("FENCEPOST_DB") or "fencepost.db"
+
+
+def open_existing(target: str) -> fp.Ledger:
+    """Open a ledger that must already exist (read commands create nothing)."""
+    path = target.removeprefix("sqlite://")
+    is_file = target != ":memory:" and not target.startswith("postgresql://")
+    if is_file and not pathlib.Path(path).is_file():
+        raise Refused(
+            f"no ledger at {path}; pass --db PATH or set FENCEPOST_DB "
+            "(read commands never create one)"
+        )
+    return fp.Ledger.open(target, create=False)
+
+
+def _resolve(ledger: fp.Ledger, prefix: str) -> str:
+    try:
+        return ledger.resolve_run_id(prefix)
+    except fp.AmbiguousRunId as e:
+        raise Refused(
+            f"run id prefix {prefix!r} matches {len(e.matches)} runs: "
+            + ", ".join(e.matches[:10])
+            + ("..." if len(e.matches) > 10 else "")
+            + "; give more characters"
+        ) from e
+    except fp.RunNotFound as e:
+        raise Refused(f"no run id starts with {prefix!r}; `fencepost runs` lists them") from e
+
+
+# ------------------------------------------------------------------ commands
+
+
+def cmd_runs(args: argparse.Namespace, out: TextIO) -> int:
+    with open_existing(args.db) as ledger:
+        runs = ledger.list_runs(
+            scope_key=fp.ALL_SCOPES if args.scope is None else args.scope,
+            active_only=args.active,
+            include_children=args.children,
+        )
+    if args.json:
+        json.dump(_plain(runs), out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    rows = [
+        (r.run_id, r.status, r.workflow_ref, r.scope_key, r.current_step_id, r.revision,
+         _iso(r.updated_at))
+        for r in runs
+    ]  # fmt: skip
+    table(rows, ["RUN", "STATUS", "WORKFLOW", "SCOPE", "STEP", "REV", "UPDATED"], out)
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
+    with open_existing(args.db) as ledger:
+        run_id = _resolve(ledger, args.run_prefix)
+        run = ledger.get_run(run_id)
+        assert run is not None
+        steps = ledger.steps(run_id)
+        units = ledger.units(run_id)
+        lease = ledger.lease(run_id)
+        accounting = ledger.accounting(run_id)
+    by_status = dict(sorted(Counter(u.status for u in units).items()))
+    if args.json:
+        doc = {
+            "run": _plain(run),
+            "steps": _plain(steps),
+            "units": {"total": len(units), "by_status": by_status},
+            "lease": _plain(lease),
+            "accounting": _plain(accounting),
+        }
+        json.dump(doc, out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    fields = [
+        ("run", run.run_id), ("workflow", f"{run.workflow_ref} ({run.workflow_name})"),
+        ("status", run.status), ("scope", run.scope_key), ("step", run.current_step_id),
+        ("parent", run.parent_run_id), ("session", run.origin_session_id),
+        ("revision", run.revision), ("created", _iso(run.created_at)),
+        ("updated", _iso(run.updated_at)), ("completed", _iso(run.completed_at)),
+        ("lease", f"generation {lease.generation}, owner {lease.owner_id or '-'}"
+                  f" ({lease.owner_type or '-'}), expires {_iso(lease.expires_at)}"),
+        ("units", f"{len(units)} " + " ".join(f"{k}={v}" for k, v in by_status.items())),
+        ("attempts", f"{accounting.total_attempts} (unit {accounting.dispatch_attempts}, "
+                     f"gate {accounting.gate_attempts}), tokens {accounting.total_tokens}"),
+    ]  # fmt: skip
+    width = max(len(k) for k, _ in fields)
+    for key, value in fields:
+        out.write(f"{key.ljust(width)}  {'-' if value is None else value}\n")
+    if steps:
+        out.write("\n")
+        table(
+            [(s.sequence_index, s.step_id, s.status, _iso(s.completed_at)) for s in steps],
+            ["#", "STEP", "STATUS", "COMPLETED"],
+            out,
+        )
+    return EXIT_OK
+
+
+def _event_rows(events: list[fp.Event]) -> list[tuple[Any, ...]]:
+    return [
+        (e.seq, _iso(e.ts), e.resource_id, e.revision, e.type,
+         f"{e.actor_type}:{e.actor_id}" if e.actor_type else None, e.generation,
+         json.dumps(e.payload, separators=(",", ":"), ensure_ascii=False)[:80])
+        for e in events
+    ]  # fmt: skip
+
+
+EVENT_HEADERS = ["SEQ", "TS", "RUN", "REV", "TYPE", "ACTOR", "GEN", "PAYLOAD"]
+
+
+def cmd_events(args: argparse.Namespace, out: TextIO) -> int:
+    if args.after < 0:
+        usage(f"--after must be 0 or a seq, not {args.after}")
+    with open_existing(args.db) as ledger:
+        run_id = None if args.run_prefix is None else _resolve(ledger, args.run_prefix)
+        after = args.after
+        while True:
+            events = ledger.events(run_id, after_seq=after, limit=args.limit)
+            if args.json:
+                for e in events:
+                    out.write(json.dumps(_plain(e), ensure_ascii=False) + "\n")
+            elif events:
+                table(_event_rows(events), EVENT_HEADERS, out)
+            if events:
+                after = events[-1].seq
+            out.flush()
+            if not args.follow:
+                return EXIT_OK
+            if not events:
+                time.sleep(args.interval)
+
+
+def cmd_leases(args: argparse.Namespace, out: TextIO) -> int:
+    with open_existing(args.db) as ledger:
+        if args.expired:
+            leases = ledger.expired_leases()
+        else:
+            runs = ledger.list_runs(include_children=True)
+            leases = [ledger.lease(r.run_id) for r in runs]
+    if args.json:
+        json.dump(_plain(leases), out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    rows = [
+        (le.run_id, le.generation, le.owner_id, le.owner_type, _iso(le.expires_at),
+         _iso(le.heartbeat_at))
+        for le in leases
+    ]  # fmt: skip
+    table(rows, ["RUN", "GEN", "OWNER", "TYPE", "EXPIRES", "HEARTBEAT"], out)
+    return EXIT_OK
+
+
+def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
+    with open_existing(args.db) as ledger:
+        pragmas = ledger.pragmas()
+        integrity = ledger.integrity_check()
+        orphans = ledger.orphan_attempts()
+        expired = [
+            le for le in ledger.expired_leases()
+            if (run := ledger.get_run(le.run_id)) is not None and run.status == "active"
+        ]  # fmt: skip
+    healthy = integrity == ["ok"] and not orphans
+    report = {
+        "database": args.db,
+        "schema_version": pragmas["schema_version"],
+        "library_schema_version": fp.SCHEMA_VERSION,
+        "pragmas": pragmas,
+        "integrity_check": integrity,
+        "orphan_attempts": [
+            {"run_id": r, "unit_id": u, "attempt": a, "dispatch_id": d} for r, u, a, d in orphans
+        ],
+        "expired_leases_on_active_runs": _plain(expired),
+        "healthy": healthy,
+    }
+    if args.json:
+        json.dump(report, out, indent=2)
+        out.write("\n")
+    else:
+        lines = [
+            ("database", args.db),
+            ("schema", f"{pragmas['schema_version']} (library {fp.SCHEMA_VERSION})"),
+            ("journal_mode", pragmas["journal_mode"]),
+            ("synchronous", pragmas["synchronous"]),
+            ("busy_timeout", f"{pragmas['busy_timeout']} ms"),
+            ("foreign_keys", "on" if pragmas["foreign_keys"] else "off"),
+            ("integrity", "; ".join(integrity)),
+            ("orphan attempts", str(len(orphans))),
+            ("expired leases on active runs", str(len(expired))),
+        ]
+        width = max(len(k) for k, _ in lines)
+        for key, value in lines:
+            out.write(f"{key.ljust(width)}  {value}\n")
+        for r, u, a, d in orphans:
+            out.write(f"  orphan: run {r} unit {u} attempt {a} dispatch {d}\n")
+        for le in expired:
+            out.write(
+                f"  expired: run {le.run_id} owner {le.owner_id} since {_iso(le.expires_at)}\n"
+            )
+        out.write("healthy\n" if healthy else "NOT healthy\n")
+    return EXIT_OK if healthy else EXIT_REFUSED
+
+
+# ------------------------------------------------------------------ parsing
+
+
+def usage(message: str) -> NoReturn:
+    sys.stderr.write(f"fencepost: error: {message}\n")
+    raise SystemExit(EXIT_USAGE)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--db", default=default_db(), help="ledger file (default $FENCEPOST_DB or ./fencepost.db)"
+    )
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    top = argparse.ArgumentParser(
+        prog="fencepost", description="Inspect a fencepost ledger, or run the demo."
+    )
+    top.add_argument("--version", action="version", version=f"fencepost {fp.__version__}")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from fencepost import demo
+
+    d = sub.add_parser("demo", help="fan out units over worker processes, kill -9 one")
+    demo.add_arguments(d)
+    d.set_defaults(func=demo.run)
+
+    r = sub.add_parser("runs", parents=[common], help="list runs, newest first")
+    r.add_argument("--scope", help="only this scope key")
+    r.add_argument("--active", action="store_true", help="only active runs")
+    r.add_argument("--children", action="store_true", help="include child runs")
+    r.set_defaults(func=cmd_runs)
+
+    s = sub.add_parser("show", parents=[common], help="one run: steps, units, lease, accounting")
+    s.add_argument("run_prefix", metavar="RUN_PREFIX")
+    s.set_defaults(func=cmd_show)
+
+    e = sub.add_parser("events", parents=[common], help="the event log, oldest first")
+    e.add_argument("run_prefix", metavar="RUN_PREFIX", nargs="?")
+    e.add_argument("--after", type=int, default=0, metavar="SEQ", help="only events after SEQ")
+    e.add_argument("--limit", type=_positive, default=1000, help="events per page")
+    e.add_argument("--follow", action="store_true", help="keep printing new events (Ctrl-C)")
+    e.add_argument("--interval", type=float, default=0.5, help=argparse.SUPPRESS)
+    e.set_defaults(func=cmd_events)
+
+    le = sub.add_parser("leases", parents=[common], help="the lease of every run")
+    le.add_argument("--expired", action="store_true", help="only expired leases, live runs")
+    le.set_defaults(func=cmd_leases)
+
+    doc = sub.add_parser("doctor", parents=[common], help="check the database; exit 1 if not")
+    doc.set_defaults(func=cmd_doctor)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    func: Callable[[argparse.Namespace, TextIO], int] = args.func
+    try:
+        return func(args, sys.stdout)
+    except Refused as e:
+        sys.stderr.write(f"fencepost: {e}\n")
+        return EXIT_REFUSED
+    except fp.InvalidArgument as e:
+        sys.stderr.write(f"fencepost: error: {e}\n")
+        return EXIT_USAGE
+    except fp.LedgerError as e:
+        sys.stderr.write(f"fencepost: {e}\n")
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

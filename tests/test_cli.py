@@ -207,3 +207,32 @@ def test_console_script_and_module_agree(demo: tuple[pathlib.Path, dict[str, Any
     assert json.loads(via_script.stdout) == json.loads(
         cli("runs", "--db", str(db), "--json").stdout
     )
+
+
+def test_demo_draws_a_bar_on_a_terminal(tmp_path: pathlib.Path) -> None:
+    # stderr on a pseudo-terminal: the bar is redrawn in place with carriage returns.
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fencepost", "demo", "--units", "300", "--workers", "2",
+         "--kill-one", "--db", str(tmp_path / "tty.db")],
+        stdout=subprocess.PIPE, stderr=follower, text=True,
+    )  # fmt: skip
+    os.close(follower)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal closed: the demo exited
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    out, _ = proc.communicate(timeout=120)
+    os.close(leader)
+    assert proc.returncode == 0
+    assert b"\r[" in drawn
+    assert b"#" in drawn
+    assert b"300/300 units" in drawn
+    assert "ok   every unit finished exactly once" in out

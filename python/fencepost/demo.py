@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--units", type=_count(1, 1_000_000), default=10_000, help="units to fan out")
     p.add_argument("--workers", type=_count(1, 64), default=4, help="worker processes")
     p.add_argument("--no-kill", action="store_true", help="do not kill -9 a worker")
+    p.add_argument(
+        "--kill-one", action="store_true", help="kill -9 one worker mid-flight (the default)"
+    )
     p.add_argument("--seed", type=int, default=7, help="random seed (kill moment, duplicates)")
     p.add_argument("--db", default=None, help="a new ledger file (default: a fresh temp file)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

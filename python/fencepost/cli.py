@@ -61,6 +61,13 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) ->
         out.write("  ".join(parts).rstrip() + "\n")
 
 
+def key_values(pairs: Sequence[tuple[str, Any]], out: TextIO) -> None:
+    """``key  value`` lines with the keys padded to one width (``-`` for None)."""
+    width = max(len(k) for k, _ in pairs)
+    for key, value in pairs:
+        out.write(f"{key.ljust(width)}  {'-' if value is None else value}\n")
+
+
 def default_db() -> str:
     return os.environ.get("FENCEPOST_DB") or "fencepost.db"
 
@@ -147,9 +154,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         ("attempts", f"{accounting.total_attempts} (unit {accounting.dispatch_attempts}, "
                      f"gate {accounting.gate_attempts}), tokens {accounting.total_tokens}"),
     ]  # fmt: skip
-    width = max(len(k) for k, _ in fields)
-    for key, value in fields:
-        out.write(f"{key.ljust(width)}  {'-' if value is None else value}\n")
+    key_values(fields, out)
     if steps:
         out.write("\n")
         table(
@@ -251,9 +256,7 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
             ("orphan attempts", str(len(orphans))),
             ("expired leases on active runs", str(len(expired))),
         ]
-        width = max(len(k) for k, _ in lines)
-        for key, value in lines:
-            out.write(f"{key.ljust(width)}  {value}\n")
+        key_values(lines, out)
         for r, u, a, d in orphans:
             out.write(f"  orphan: run {r} unit {u} attempt {a} dispatch {d}\n")
         for le in expired:

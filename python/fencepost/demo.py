@@ -356,9 +356,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             ("wall time", f"{wall:.2f} s"),
             ("throughput", f"{units / wall:,.0f} units/s"),
         ]  # fmt: skip
-        width = max(len(k) for k, _ in lines)
-        for key, value in lines:
-            out.write(f"{key.ljust(width)}  {value}\n")
+        from fencepost.cli import key_values  # cli imports this module lazily; no cycle at load
+
+        key_values(lines, out)
         out.write("invariants (read back from the database):\n")
         for name, ok in checks.items():
             out.write(f"  {'ok  ' if ok else 'FAIL'} {name}\n")

@@ -100,15 +100,18 @@ def _work_shard(
             beat = time.monotonic()
 
 
-def _claim_when_free(ledger: fp.Ledger, run_id: str, worker: int) -> fp.Claim | None:
-    """Claim a shard, waiting out another owner's lease; None once the shard is finished."""
+def _claim_when_free(ledger: fp.Ledger, run_id: str, worker: int, own: bool) -> fp.Claim | None:
+    """Claim a shard, waiting out another owner's lease; None once the shard is finished.
+    Another worker's shard is only taken over once it has had an owner (generation >= 1)
+    whose lease lapsed: a shard nobody claimed yet is left to its own worker."""
     while True:
         run = ledger.get_run(run_id)
         if run is None or run.status != "active":
             return None
-        claim = ledger.claim(run_id, f"host-worker-{worker}", lease_ms=LEASE_MS)
-        if claim is not None:
-            return claim
+        if own or ledger.lease(run_id).generation >= 1:
+            claim = ledger.claim(run_id, f"host-worker-{worker}", lease_ms=LEASE_MS)
+            if claim is not None:
+                return claim
         time.sleep(0.05)
 
 
@@ -121,7 +124,7 @@ def worker_main(db: str, parent: str, shards: list[str], worker: int, units: int
         order = [worker] + [s for s in range(workers) if s != worker]
         for shard in order:
             run_id = shards[shard]
-            claim = _claim_when_free(ledger, run_id, worker)
+            claim = _claim_when_free(ledger, run_id, worker, own=shard == worker)
             if claim is None:
                 continue
             if shard != worker:
@@ -269,7 +272,13 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         p.start()
     for _, writer in pipes:
         writer.close()  # the children hold their ends; EOF then means "exited or killed"
-    kill_at = None if args.no_kill or workers < 2 else int(units * rnd.uniform(0.2, 0.5))
+    # The kill comes when the victim has finished 20-50% of its own shard and has just reserved
+    # a batch: always mid-flight, whatever the other workers are doing.
+    victim_units = len(_shard_units(0, workers, units))
+    # (Rounded down to whole batches, so a shard of one batch is killed in its first.)
+    share = int(victim_units * rnd.uniform(0.2, 0.5)) // BATCH * BATCH
+    kill_at = None if args.no_kill or workers < 2 else share
+    victim_done = 0
     victim = 0
     done = reclaims = duplicates = refused = 0
     claims: dict[int, tuple[str, int, str]] = {}
@@ -290,6 +299,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             kind = msg[0]
             if kind == "progress":
                 done += msg[2]
+                victim_done += msg[2] if msg[1] == victim else 0
                 reclaims += msg[3]
                 duplicates += msg[4]
             elif kind == "claim":
@@ -302,7 +312,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             # is in flight right now.
             in_flight = in_flight or (kind == "reserved" and msg[1] == victim)
         if (
-            kill_at is not None and not killed and done >= kill_at and in_flight
+            kill_at is not None and not killed and victim_done >= kill_at and in_flight
             and victim in claims and procs[victim].is_alive()
         ):  # fmt: skip
             os.kill(procs[victim].pid, signal.SIGKILL)  # type: ignore[arg-type]

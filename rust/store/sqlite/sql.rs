@@ -140,8 +140,10 @@ pub const RECLAIM_ATTEMPT_SQL: &str = "UPDATE attempts SET reclaims = reclaims +
     holder = coalesce(?4, holder), lease_generation = coalesce(?5, lease_generation)
     WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3
     RETURNING reclaims, lease_generation";
-pub const RECLAIM_UNIT_SQL: &str =
-    "UPDATE units SET claim_holder = coalesce(?3, claim_holder) WHERE run_id = ?1 AND unit_id = ?2";
+/// Only when the holder changes: SQLite rewrites a row's page even when an UPDATE leaves every
+/// value as it was, and that page is one more WAL frame for the commit.
+pub const RECLAIM_UNIT_SQL: &str = "UPDATE units SET claim_holder = ?3
+    WHERE run_id = ?1 AND unit_id = ?2 AND ?3 IS NOT NULL AND claim_holder IS NOT ?3";
 /// The projection follows the newest attempt: every column is overwritten and the previous
 /// attempt's result cleared (`PRIOR_ART` A3 `reserveUnitAttempt` step 4).
 pub const RESERVE_ATTEMPT_UNIT_SQL: &str = "INSERT INTO units(run_id, unit_id, step_id, node_id,

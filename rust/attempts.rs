@@ -153,7 +153,6 @@ fn reserve_one(
                 r.get::<_, String>(2)?,
                 r.get::<_, Option<String>>(3)?,
                 r.get::<_, Option<String>>(4)?,
-                r.get::<_, Option<i64>>(6)?,
             ))
         })?;
     if let Some(l) = &latest {
@@ -218,15 +217,8 @@ fn reserve_one(
     })
 }
 
-/// The latest attempt of a unit: number, dispatch id, status, step, input hash, generation.
-type Latest = (
-    i64,
-    String,
-    String,
-    Option<String>,
-    Option<String>,
-    Option<i64>,
-);
+/// The latest attempt of a unit: number, dispatch id, status, step, input hash.
+type Latest = (i64, String, String, Option<String>, Option<String>);
 
 /// Hand a still-running attempt back in place (DESIGN §1.1): same number and dispatch id, one
 /// more reclaim, no event.
@@ -237,7 +229,7 @@ fn reclaim(
     latest: &Latest,
     generation: Option<i64>,
 ) -> Result<Reservation> {
-    let (attempt, dispatch, _, step, input, _) = latest;
+    let (attempt, dispatch, _, step, input) = latest;
     if step.as_deref() != Some(u.step_id.as_str()) {
         return Err(LedgerError::invalid(
             "step_id",

@@ -61,6 +61,12 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) ->
         out.write("  ".join(parts).rstrip() + "\n")
 
 
+def write_json(value: Any, out: TextIO) -> None:
+    """One indented JSON document (models and datetimes converted) and a newline."""
+    json.dump(_plain(value), out, indent=2)
+    out.write("\n")
+
+
 def key_values(pairs: Sequence[tuple[str, Any]], out: TextIO) -> None:
     """``key  value`` lines with the keys padded to one width (``-`` for None)."""
     width = max(len(k) for k, _ in pairs)
@@ -109,8 +115,7 @@ def cmd_runs(args: argparse.Namespace, out: TextIO) -> int:
             include_children=args.children,
         )
     if args.json:
-        json.dump(_plain(runs), out, indent=2)
-        out.write("\n")
+        write_json(runs, out)
         return EXIT_OK
     rows = [
         (r.run_id, r.status, r.workflow_ref, r.scope_key, r.current_step_id, r.revision,
@@ -139,8 +144,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
             "lease": _plain(lease),
             "accounting": _plain(accounting),
         }
-        json.dump(doc, out, indent=2)
-        out.write("\n")
+        write_json(doc, out)
         return EXIT_OK
     fields = [
         ("run", run.run_id), ("workflow", f"{run.workflow_ref} ({run.workflow_name})"),
@@ -207,8 +211,7 @@ def cmd_leases(args: argparse.Namespace, out: TextIO) -> int:
             runs = ledger.list_runs(include_children=True)
             leases = [ledger.lease(r.run_id) for r in runs]
     if args.json:
-        json.dump(_plain(leases), out, indent=2)
-        out.write("\n")
+        write_json(leases, out)
         return EXIT_OK
     rows = [
         (le.run_id, le.generation, le.owner_id, le.owner_type, _iso(le.expires_at),
@@ -242,8 +245,7 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
         "healthy": healthy,
     }
     if args.json:
-        json.dump(report, out, indent=2)
-        out.write("\n")
+        write_json(report, out)
     else:
         lines = [
             ("database", args.db),

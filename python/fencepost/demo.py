@@ -17,7 +17,6 @@ dead worker's shard is exactly the controller's path (claim after expiry, genera
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import pathlib
@@ -350,9 +349,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         "units_per_s": round(units / wall, 1),
         "invariants": checks,
     }
+    from fencepost.cli import key_values, write_json  # cli imports this module lazily
+
     if args.json:
-        json.dump(report, out, indent=2)
-        out.write("\n")
+        write_json(report, out)
     else:
         lines = [
             ("units", f"{units} over {workers} workers (one leased shard run each)"),
@@ -366,8 +366,6 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             ("wall time", f"{wall:.2f} s"),
             ("throughput", f"{units / wall:,.0f} units/s"),
         ]  # fmt: skip
-        from fencepost.cli import key_values  # cli imports this module lazily; no cycle at load
-
         key_values(lines, out)
         out.write("invariants (read back from the database):\n")
         for name, ok in checks.items():

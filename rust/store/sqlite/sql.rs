@@ -130,9 +130,8 @@ pub const SET_OUTPUTS_SQL: &str = "UPDATE runs SET outputs = ?2, updated_at = ?3
 
 // ------------------------------------------------------------------ attempts
 
-pub const LATEST_ATTEMPT_SQL: &str = "SELECT attempt, dispatch_id, status, step_id, input_hash,
-    reclaims, lease_generation FROM attempts WHERE run_id = ?1 AND unit_id = ?2
-    ORDER BY attempt DESC LIMIT 1";
+pub const LATEST_ATTEMPT_SQL: &str = "SELECT attempt, dispatch_id, status, step_id, input_hash
+    FROM attempts WHERE run_id = ?1 AND unit_id = ?2 ORDER BY attempt DESC LIMIT 1";
 /// A reclaim keeps the attempt number and dispatch id; it only records who holds it now.
 /// A reclaim under a claim records the reclaimer's generation (the claim epoch of `PRIOR_ART`
 /// C1.6): the dispatch id stays, and the attempt says which owner handed it out last.

@@ -7,7 +7,7 @@
 //! running): exactly one finish per attempt writes, every other returns `false` and writes
 //! nothing. Batches run in one transaction, all or nothing.
 
-use rusqlite::params;
+use crate::params;
 
 use crate::canonical::Value;
 use crate::errors::{LedgerError, Result};
@@ -16,7 +16,7 @@ use crate::ids::{check_name, new_dispatch_id};
 use crate::leases::{self, Fence};
 use crate::model::{Accounting, Attempt, Reservation, Unit};
 use crate::runs::run_state;
-use crate::store::sqlite::{sql, SqliteStore, Tx};
+use crate::store::{sql, Store, Tx};
 
 /// One unit to reserve.
 #[derive(Debug, Clone, Default)]
@@ -109,7 +109,7 @@ impl FinishSpec {
 
 /// Reserve (or reclaim) attempts for `units` of one run, in one transaction.
 pub fn reserve_attempts(
-    store: &mut SqliteStore,
+    store: &mut dyn Store,
     run_id: &str,
     units: &[UnitSpec],
     fence: Option<&Fence>,
@@ -121,6 +121,7 @@ pub fn reserve_attempts(
     // Random ids are drawn before BEGIN so the write lock covers only SQL (STYLE §2).
     let dispatch_ids: Vec<String> = units.iter().map(|_| new_dispatch_id()).collect();
     store.write("reserving attempts", |tx| {
+        tx.lock_run(run_id)?;
         let actor = leases::check(tx, run_id, fence, now_ms)?;
         let state = run_state(tx, run_id)?;
         if state.status != "active" {
@@ -138,7 +139,7 @@ pub fn reserve_attempts(
 }
 
 fn reserve_one(
-    tx: &Tx<'_>,
+    tx: &dyn Tx,
     run_id: &str,
     u: &UnitSpec,
     dispatch_id: &str,
@@ -146,13 +147,13 @@ fn reserve_one(
     now_ms: i64,
 ) -> Result<Reservation> {
     let latest: Option<Latest> =
-        tx.row(sql::LATEST_ATTEMPT_SQL, params![run_id, u.unit_id], |r| {
+        tx.row(&sql::LATEST_ATTEMPT_SQL, params![run_id, u.unit_id], |r| {
             Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, Option<String>>(3)?,
-                r.get::<_, Option<String>>(4)?,
+                r.get::<i64>(0)?,
+                r.get::<String>(1)?,
+                r.get::<String>(2)?,
+                r.get::<Option<String>>(3)?,
+                r.get::<Option<String>>(4)?,
             ))
         })?;
     if let Some(l) = &latest {
@@ -162,7 +163,7 @@ fn reserve_one(
     }
     let attempt = latest.as_ref().map_or(1, |l| l.0 + 1);
     tx.exec(
-        sql::RESERVE_ATTEMPT_UNIT_SQL,
+        &sql::RESERVE_ATTEMPT_UNIT_SQL,
         params![
             run_id,
             u.unit_id,
@@ -181,7 +182,7 @@ fn reserve_one(
         ],
     )?;
     tx.exec(
-        sql::RESERVE_ATTEMPT_INSERT_SQL,
+        &sql::RESERVE_ATTEMPT_INSERT_SQL,
         params![
             run_id,
             u.unit_id,
@@ -223,7 +224,7 @@ type Latest = (i64, String, String, Option<String>, Option<String>);
 /// Hand a still-running attempt back in place (DESIGN §1.1): same number and dispatch id, one
 /// more reclaim, no event.
 fn reclaim(
-    tx: &Tx<'_>,
+    tx: &dyn Tx,
     run_id: &str,
     u: &UnitSpec,
     latest: &Latest,
@@ -256,12 +257,12 @@ fn reclaim(
     }
     let (reclaims, lease_generation) = tx
         .row(
-            sql::RECLAIM_ATTEMPT_SQL,
+            &sql::RECLAIM_ATTEMPT_SQL,
             params![run_id, u.unit_id, attempt, u.holder, generation],
-            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Option<i64>>(1)?)),
+            |r| Ok((r.get::<i64>(0)?, r.get::<Option<i64>>(1)?)),
         )?
         .unwrap_or((0, generation));
-    tx.exec(sql::RECLAIM_UNIT_SQL, params![run_id, u.unit_id, u.holder])?;
+    tx.exec(&sql::RECLAIM_UNIT_SQL, params![run_id, u.unit_id, u.holder])?;
     Ok(Reservation {
         run_id: run_id.to_owned(),
         unit_id: u.unit_id.clone(),
@@ -275,7 +276,7 @@ fn reclaim(
 
 /// Finish attempts in one transaction; one `bool` per finish.
 pub fn finish_attempts(
-    store: &mut SqliteStore,
+    store: &mut dyn Store,
     finishes: &[FinishSpec],
     fence: Option<&Fence>,
     now_ms: i64,
@@ -287,6 +288,7 @@ pub fn finish_attempts(
         let mut checked: Option<(&str, Actor<'_>)> = None;
         let mut out = Vec::with_capacity(finishes.len());
         for f in finishes {
+            tx.lock_run(&f.run_id)?;
             // The fence is checked once per run in the batch (a claim names one run).
             let actor = match &checked {
                 Some((run, actor)) if *run == f.run_id => actor.clone(),
@@ -303,9 +305,9 @@ pub fn finish_attempts(
     })
 }
 
-fn finish_one(tx: &Tx<'_>, f: &FinishSpec, actor: &Actor<'_>, now_ms: i64) -> Result<bool> {
+fn finish_one(tx: &dyn Tx, f: &FinishSpec, actor: &Actor<'_>, now_ms: i64) -> Result<bool> {
     let Some((step_id, phase)) = tx.row(
-        sql::FINISH_ATTEMPT_SQL,
+        &sql::FINISH_ATTEMPT_SQL,
         params![
             f.run_id,
             f.unit_id,
@@ -318,14 +320,14 @@ fn finish_one(tx: &Tx<'_>, f: &FinishSpec, actor: &Actor<'_>, now_ms: i64) -> Re
             f.session_id,
             now_ms
         ],
-        |r| Ok((r.get::<_, Option<String>>(0)?, r.get::<_, String>(1)?)),
+        |r| Ok((r.get::<Option<String>>(0)?, r.get::<String>(1)?)),
     )?
     else {
         // A duplicate, late or unknown finish: nothing matched, nothing is written.
         return Ok(false);
     };
     let projected = tx.exec(
-        sql::FINISH_ATTEMPT_UNIT_SQL,
+        &sql::FINISH_ATTEMPT_UNIT_SQL,
         params![
             f.run_id,
             f.unit_id,
@@ -378,9 +380,9 @@ fn finish_one(tx: &Tx<'_>, f: &FinishSpec, actor: &Actor<'_>, now_ms: i64) -> Re
 }
 
 /// Every attempt of a unit, oldest first.
-pub fn attempts(store: &mut SqliteStore, run_id: &str, unit_id: &str) -> Result<Vec<Attempt>> {
+pub fn attempts(store: &mut dyn Store, run_id: &str, unit_id: &str) -> Result<Vec<Attempt>> {
     store.read("listing attempts", |tx| {
-        tx.rows(sql::LIST_ATTEMPTS_SQL, params![run_id, unit_id], |r| {
+        tx.rows(&sql::LIST_ATTEMPTS_SQL, params![run_id, unit_id], |r| {
             Ok(Attempt {
                 run_id: r.get(0)?,
                 unit_id: r.get(1)?,
@@ -391,7 +393,7 @@ pub fn attempts(store: &mut SqliteStore, run_id: &str, unit_id: &str) -> Result<
                 holder: r.get(6)?,
                 lease_generation: r.get(7)?,
                 reclaims: r.get(8)?,
-                result: r.get::<_, Option<String>>(9)?.map(String::into_bytes),
+                result: r.get::<Option<String>>(9)?.map(String::into_bytes),
                 tokens: r.get(10)?,
                 failure_reason: r.get(11)?,
                 started_at: r.get(12)?,
@@ -401,7 +403,7 @@ pub fn attempts(store: &mut SqliteStore, run_id: &str, unit_id: &str) -> Result<
     })
 }
 
-fn unit_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Unit> {
+fn unit_from_row(r: &dyn crate::store::Row) -> crate::store::DbResult<Unit> {
     Ok(Unit {
         run_id: r.get(0)?,
         unit_id: r.get(1)?,
@@ -409,7 +411,7 @@ fn unit_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Unit> {
         phase: r.get(3)?,
         status: r.get(4)?,
         attempts: r.get(5)?,
-        result: r.get::<_, Option<String>>(6)?.map(String::into_bytes),
+        result: r.get::<Option<String>>(6)?.map(String::into_bytes),
         tokens: r.get(7)?,
         failure_reason: r.get(8)?,
         claim_holder: r.get(9)?,
@@ -417,25 +419,29 @@ fn unit_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Unit> {
 }
 
 /// The run's unit projections in order of first reservation.
-pub fn units(store: &mut SqliteStore, run_id: &str, step_id: Option<&str>) -> Result<Vec<Unit>> {
+pub fn units(store: &mut dyn Store, run_id: &str, step_id: Option<&str>) -> Result<Vec<Unit>> {
     store.read("listing units", |tx| {
-        tx.rows(sql::LIST_UNITS_SQL, params![run_id, step_id], unit_from_row)
+        tx.rows(
+            &sql::LIST_UNITS_SQL,
+            params![run_id, step_id],
+            unit_from_row,
+        )
     })
 }
 
 /// One unit projection.
-pub fn unit(store: &mut SqliteStore, run_id: &str, unit_id: &str) -> Result<Option<Unit>> {
+pub fn unit(store: &mut dyn Store, run_id: &str, unit_id: &str) -> Result<Option<Unit>> {
     store.read("reading a unit", |tx| {
-        tx.row(sql::GET_UNIT_SQL, params![run_id, unit_id], unit_from_row)
+        tx.row(&sql::GET_UNIT_SQL, params![run_id, unit_id], unit_from_row)
     })
 }
 
 /// Attempt and token totals of a run.
-pub fn accounting(store: &mut SqliteStore, run_id: &str) -> Result<Accounting> {
+pub fn accounting(store: &mut dyn Store, run_id: &str) -> Result<Accounting> {
     store.read("reading accounting", |tx| {
         run_state(tx, run_id)?;
         Ok(tx
-            .row(sql::ACCOUNTING_SQL, [run_id], |r| {
+            .row(&sql::ACCOUNTING_SQL, params![run_id], |r| {
                 Ok(Accounting {
                     total_attempts: r.get(0)?,
                     total_tokens: r.get(1)?,
@@ -451,9 +457,9 @@ pub fn accounting(store: &mut SqliteStore, run_id: &str) -> Result<Accounting> {
 
 /// Attempts without their `unit.started` event (at most 100): a ledger written only by
 /// fencepost has none, whatever crashed; `fencepost doctor` reports any it finds.
-pub fn orphans(store: &mut SqliteStore) -> Result<Vec<(String, String, i64, String)>> {
+pub fn orphans(store: &mut dyn Store) -> Result<Vec<(String, String, i64, String)>> {
     store.read("looking for orphan attempts", |tx| {
-        tx.rows(sql::ORPHAN_ATTEMPTS_SQL, [], |r| {
+        tx.rows(&sql::ORPHAN_ATTEMPTS_SQL, params![], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
         })
     })

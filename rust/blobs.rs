@@ -4,24 +4,19 @@
 
 use crate::canonical::digest_bytes;
 use crate::errors::{LedgerError, Result};
-use crate::store::sqlite::{sql, Tx};
+use crate::params;
+use crate::store::{sql, Tx};
 
 /// Store canonical JSON bytes; returns the digest.
-pub fn put(tx: &Tx<'_>, canonical: &[u8], now_ms: i64) -> Result<String> {
+pub fn put(tx: &dyn Tx, canonical: &[u8], now_ms: i64) -> Result<String> {
     let digest = digest_bytes(canonical);
-    tx.exec(
-        sql::PUT_BLOB_SQL,
-        rusqlite::params![digest, canonical, now_ms],
-    )?;
+    tx.exec(&sql::PUT_BLOB_SQL, params![digest, canonical, now_ms])?;
     Ok(digest)
 }
 
 /// Store canonical bytes whose digest was computed before the transaction began.
-pub fn put_digested(tx: &Tx<'_>, digest: &str, canonical: &[u8], now_ms: i64) -> Result<()> {
-    tx.exec(
-        sql::PUT_BLOB_SQL,
-        rusqlite::params![digest, canonical, now_ms],
-    )?;
+pub fn put_digested(tx: &dyn Tx, digest: &str, canonical: &[u8], now_ms: i64) -> Result<()> {
+    tx.exec(&sql::PUT_BLOB_SQL, params![digest, canonical, now_ms])?;
     Ok(())
 }
 
@@ -39,8 +34,8 @@ pub fn check_digest(argument: &str, digest: &str) -> Result<()> {
 }
 
 /// The canonical bytes stored under `digest`.
-pub fn get(tx: &Tx<'_>, digest: &str) -> Result<Vec<u8>> {
-    tx.row(sql::GET_BLOB_SQL, [digest], |r| r.get(0))?
+pub fn get(tx: &dyn Tx, digest: &str) -> Result<Vec<u8>> {
+    tx.row(&sql::GET_BLOB_SQL, params![digest], |r| r.get(0))?
         .ok_or_else(|| LedgerError::NotFound {
             kind: "blob",
             key: digest.to_owned(),
@@ -50,7 +45,7 @@ pub fn get(tx: &Tx<'_>, digest: &str) -> Result<Vec<u8>> {
 /// `put_json`: store canonical bytes (digested before the transaction) in their own
 /// transaction.
 pub fn put_json(
-    store: &mut crate::store::sqlite::SqliteStore,
+    store: &mut dyn crate::store::Store,
     json: &crate::runs::Json,
     now_ms: i64,
 ) -> Result<String> {
@@ -61,7 +56,7 @@ pub fn put_json(
 }
 
 /// `get_json`: the canonical bytes under `digest`.
-pub fn get_json(store: &mut crate::store::sqlite::SqliteStore, digest: &str) -> Result<Vec<u8>> {
+pub fn get_json(store: &mut dyn crate::store::Store, digest: &str) -> Result<Vec<u8>> {
     check_digest("digest", digest)?;
     store.read("reading a blob", |tx| get(tx, digest))
 }

@@ -5,7 +5,8 @@
 use crate::canonical::{into_text, to_vec, Value};
 use crate::errors::{LedgerError, Result};
 use crate::model::Event;
-use crate::store::sqlite::{sql, Tx};
+use crate::params;
+use crate::store::{sql, Tx};
 
 /// Who wrote an event, for fenced writes.
 #[derive(Debug, Clone, Default)]
@@ -21,17 +22,20 @@ pub struct Actor<'a> {
 /// Append an event at the run's next revision (`insert_strict`: it must insert). The caller has
 /// already read the run inside this transaction. Returns the new revision.
 pub fn append(
-    tx: &Tx<'_>,
+    tx: &dyn Tx,
     run_id: &str,
     kind: &str,
     payload: &Value,
     actor: &Actor<'_>,
     now_ms: i64,
 ) -> Result<i64> {
+    // Every write takes its run's lock first; this is the backstop that keeps max + 1 exact
+    // on PostgreSQL even for a path that did not (free when the lock is held).
+    tx.lock_run(run_id)?;
     let revision: i64 = tx
         .row(
-            sql::INSERT_EVENT_SQL,
-            rusqlite::params![
+            &sql::INSERT_EVENT_SQL,
+            params![
                 run_id,
                 kind,
                 actor.kind,
@@ -54,7 +58,7 @@ pub const MAX_PAGE: i64 = 10_000;
 
 /// Events after `after_seq`, optionally of one resource and of some types, oldest first.
 pub fn list(
-    tx: &Tx<'_>,
+    tx: &dyn Tx,
     resource: Option<&str>,
     after_seq: i64,
     limit: i64,
@@ -74,8 +78,8 @@ pub fn list(
     }
     let types_json = types.map(json_array);
     tx.rows(
-        sql::LIST_EVENTS_SQL,
-        rusqlite::params![after_seq, resource, types_json, limit],
+        &sql::LIST_EVENTS_SQL,
+        params![after_seq, resource, types_json, limit],
         |r| {
             Ok(Event {
                 seq: r.get(0)?,
@@ -85,7 +89,7 @@ pub fn list(
                 actor_type: r.get(4)?,
                 actor_id: r.get(5)?,
                 generation: r.get(6)?,
-                payload: r.get::<_, String>(7)?.into_bytes(),
+                payload: r.get::<String>(7)?.into_bytes(),
                 ts: r.get(8)?,
             })
         },
@@ -101,7 +105,7 @@ pub fn json_array(items: &[String]) -> String {
 
 /// `events(...)` in a read transaction.
 pub fn read(
-    store: &mut crate::store::sqlite::SqliteStore,
+    store: &mut dyn crate::store::Store,
     resource: Option<&str>,
     after_seq: i64,
     limit: i64,

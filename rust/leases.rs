@@ -5,7 +5,7 @@
 //! [`check`] inside its own transaction, so a holder whose lease moved on (taken over, released,
 //! re-claimed, or simply expired by the ledger's clock) writes nothing.
 
-use rusqlite::params;
+use crate::params;
 use sha2::{Digest as _, Sha256};
 
 use crate::canonical::Value;
@@ -13,7 +13,7 @@ use crate::errors::{LedgerError, Result};
 use crate::events::{self, Actor};
 use crate::ids::check_name;
 use crate::model::{Claim, Lease};
-use crate::store::sqlite::{sql, Tx};
+use crate::store::{sql, Tx};
 
 /// The longest lease a claim or heartbeat may ask for: one day. A longer lease is almost
 /// always a unit mistake (seconds for milliseconds), and a dead owner would block the run
@@ -110,7 +110,7 @@ pub fn owner_type(runner_id: &str) -> &'static str {
 /// `LeaseLost` and the caller writes nothing. Without a fence the write is unfenced. Returns the
 /// actor to stamp on the write's events: the lease's owner at that generation.
 pub fn check(
-    tx: &Tx<'_>,
+    tx: &dyn Tx,
     run_id: &str,
     fence: Option<&Fence>,
     now_ms: i64,
@@ -124,13 +124,13 @@ pub fn check(
             format!("the claim is for run {:?}, not {run_id:?}", fence.run_id),
         ));
     }
-    let row = tx.row(sql::FENCE_SQL, params![run_id], |r| {
+    let row = tx.row(&sql::FENCE_SQL, params![run_id], |r| {
         Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, Option<String>>(1)?,
-            r.get::<_, Option<i64>>(2)?,
-            r.get::<_, Option<String>>(3)?,
-            r.get::<_, Option<String>>(4)?,
+            r.get::<i64>(0)?,
+            r.get::<Option<String>>(1)?,
+            r.get::<Option<i64>>(2)?,
+            r.get::<Option<String>>(3)?,
+            r.get::<Option<String>>(4)?,
         ))
     })?;
     let lost = |actual: i64| LedgerError::LeaseLost {
@@ -157,8 +157,10 @@ pub fn check(
 }
 
 /// The lease of an existing run (generation 0, no owner, if never claimed).
-pub fn read(tx: &Tx<'_>, run_id: &str) -> Result<Lease> {
-    let lease = tx.row(sql::LEASE_SQL, [run_id], |r| lease_from_row(run_id, r))?;
+pub fn read(tx: &dyn Tx, run_id: &str) -> Result<Lease> {
+    let lease = tx.row(&sql::LEASE_SQL, params![run_id], |r| {
+        lease_from_row(run_id, r)
+    })?;
     Ok(lease.unwrap_or_else(|| Lease {
         run_id: run_id.to_owned(),
         generation: 0,
@@ -169,7 +171,7 @@ pub fn read(tx: &Tx<'_>, run_id: &str) -> Result<Lease> {
     }))
 }
 
-fn lease_from_row(run_id: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<Lease> {
+fn lease_from_row(run_id: &str, r: &dyn crate::store::Row) -> crate::store::DbResult<Lease> {
     Ok(Lease {
         run_id: run_id.to_owned(),
         generation: r.get(0)?,
@@ -181,8 +183,8 @@ fn lease_from_row(run_id: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<Lease
 }
 
 /// Owned leases whose expiry has passed, on runs that are not terminal.
-pub fn expired(tx: &Tx<'_>, now_ms: i64) -> Result<Vec<Lease>> {
-    tx.rows(sql::EXPIRED_LEASES_SQL, [now_ms], |r| {
+pub fn expired(tx: &dyn Tx, now_ms: i64) -> Result<Vec<Lease>> {
+    tx.rows(&sql::EXPIRED_LEASES_SQL, params![now_ms], |r| {
         let run_id: String = r.get(0)?;
         Ok(Lease {
             generation: r.get(1)?,
@@ -236,17 +238,19 @@ impl ClaimSpec {
 /// its own live lease gets a new generation: its old token stops working (DESIGN §4).
 /// `status` is the run's status, moved from `queued` to `starting` by the claim.
 pub fn claim(
-    tx: &Tx<'_>,
+    tx: &dyn Tx,
     run_id: &str,
     status: &str,
     spec: &ClaimSpec,
     now_ms: i64,
 ) -> Result<Option<Claim>> {
-    let found = tx.row(sql::LEASE_SQL, [run_id], |r| lease_from_row(run_id, r))?;
+    let found = tx.row(&sql::LEASE_SQL, params![run_id], |r| {
+        lease_from_row(run_id, r)
+    })?;
     let current = if let Some(lease) = found {
         lease
     } else {
-        tx.exec(sql::CREATE_LEASE_SQL, [run_id])?;
+        tx.exec(&sql::CREATE_LEASE_SQL, params![run_id])?;
         read(tx, run_id)?
     };
     let held_by_other = current
@@ -260,7 +264,7 @@ pub fn claim(
     let expires_at = now_ms.saturating_add(spec.lease_ms);
     let kind = owner_type(&spec.runner_id);
     let changed = tx.exec(
-        sql::CLAIM_SQL,
+        &sql::CLAIM_SQL,
         params![
             run_id,
             current.generation,
@@ -281,7 +285,7 @@ pub fn claim(
         ("owner_id".into(), Value::Str(spec.runner_id.clone())),
     ];
     if status == "queued" {
-        tx.exec(sql::CLAIM_STARTING_SQL, params![run_id, now_ms])?;
+        tx.exec(&sql::CLAIM_STARTING_SQL, params![run_id, now_ms])?;
         payload.push(("status".into(), Value::Str("starting".into())));
     }
     let actor = Actor {
@@ -322,11 +326,11 @@ fn fenced_write(fence: &Fence, changed: usize) -> Result<()> {
 
 /// Extend a live claim. No event: a heartbeat changes no state anyone reads back but the
 /// lease itself (and an event per heartbeat would flood the log of a long run).
-pub fn heartbeat(tx: &Tx<'_>, fence: &Fence, lease_ms: i64, now_ms: i64) -> Result<Claim> {
+pub fn heartbeat(tx: &dyn Tx, fence: &Fence, lease_ms: i64, now_ms: i64) -> Result<Claim> {
     let actor = check(tx, &fence.run_id, Some(fence), now_ms)?;
     let expires_at = now_ms.saturating_add(lease_ms);
     let changed = tx.exec(
-        sql::HEARTBEAT_SQL,
+        &sql::HEARTBEAT_SQL,
         params![
             fence.run_id,
             now_ms,
@@ -346,10 +350,10 @@ pub fn heartbeat(tx: &Tx<'_>, fence: &Fence, lease_ms: i64, now_ms: i64) -> Resu
 }
 
 /// Give a live claim up: the owner is cleared, the generation kept, `lease.released` appended.
-pub fn release(tx: &Tx<'_>, fence: &Fence, now_ms: i64) -> Result<()> {
+pub fn release(tx: &dyn Tx, fence: &Fence, now_ms: i64) -> Result<()> {
     let actor = check(tx, &fence.run_id, Some(fence), now_ms)?;
     let changed = tx.exec(
-        sql::RELEASE_SQL,
+        &sql::RELEASE_SQL,
         params![fence.run_id, fence.generation, fence.token_hash, now_ms],
     )?;
     fenced_write(fence, changed)?;

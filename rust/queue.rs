@@ -5,7 +5,7 @@
 //! values the caller passes, never taken on trust (`PRIOR_ART` C3.1a); a refused operation rolls
 //! back, so a `ContinuationRefused` or `PreparationConflict` leaves nothing behind.
 
-use rusqlite::params;
+use crate::params;
 
 use crate::blobs;
 use crate::canonical::Value;
@@ -15,7 +15,7 @@ use crate::ids::{check_name, check_run_id};
 use crate::leases::{self, ClaimSpec, Fence};
 use crate::model::{Claim, Lease, Run};
 use crate::runs::{self, Json};
-use crate::store::sqlite::{sql, SqliteStore, Tx};
+use crate::store::{sql, Store, Tx};
 
 /// `reserve_run`'s arguments, canonicalized before the transaction.
 #[derive(Debug, Clone)]
@@ -82,13 +82,14 @@ fn is_terminal(status: &str) -> bool {
 
 /// Refuse or accept the continuation of `parent`; a parked parent with no live owner becomes
 /// `completed` with `run.continued`.
-fn continue_parent(tx: &Tx<'_>, req: &NewQueuedRun, parent: &str, now_ms: i64) -> Result<()> {
+fn continue_parent(tx: &dyn Tx, req: &NewQueuedRun, parent: &str, now_ms: i64) -> Result<()> {
     let refused = |reason: String| LedgerError::ContinuationRefused {
         parent_run_id: parent.to_owned(),
         reason,
     };
-    let Some((status, origin)) = tx.row(sql::CONTINUATION_PARENT_SQL, [parent], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
+    tx.lock_run(parent)?;
+    let Some((status, origin)) = tx.row(&sql::CONTINUATION_PARENT_SQL, params![parent], |r| {
+        Ok((r.get::<String>(0)?, r.get::<Option<String>>(1)?))
     })?
     else {
         return Err(refused(format!("run {parent:?} does not exist")));
@@ -99,8 +100,8 @@ fn continue_parent(tx: &Tx<'_>, req: &NewQueuedRun, parent: &str, now_ms: i64) -
             origin.unwrap_or_default()
         )));
     }
-    if let Some(existing) = tx.row(sql::CONTINUATION_OF_SQL, [parent], |r| {
-        r.get::<_, String>(0)
+    if let Some(existing) = tx.row(&sql::CONTINUATION_OF_SQL, params![parent], |r| {
+        r.get::<String>(0)
     })? {
         return Err(refused(format!(
             "run {parent:?} already has a continuation, {existing:?}"
@@ -121,7 +122,7 @@ fn continue_parent(tx: &Tx<'_>, req: &NewQueuedRun, parent: &str, now_ms: i64) -
         )));
     }
     tx.exec(
-        sql::SET_RUN_STATUS_SQL,
+        &sql::SET_RUN_STATUS_SQL,
         params![parent, "completed", Option::<&str>::None, now_ms],
     )?;
     let payload = Value::Object(vec![
@@ -141,9 +142,9 @@ fn continue_parent(tx: &Tx<'_>, req: &NewQueuedRun, parent: &str, now_ms: i64) -
 }
 
 /// The body of `reserve_run`, inside the caller's transaction.
-fn reserve_in(tx: &Tx<'_>, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
+fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
     if tx
-        .row(sql::RUN_EXISTS_SQL, [&req.run_id], |_| Ok(()))?
+        .row(&sql::RUN_EXISTS_SQL, params![&req.run_id], |_| Ok(()))?
         .is_some()
     {
         return Err(LedgerError::invalid(
@@ -166,11 +167,11 @@ fn reserve_in(tx: &Tx<'_>, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
         blobs::put_digested(tx, &json.digest, json.text.as_bytes(), now_ms)?;
     }
     tx.exec(
-        sql::DEFINITION_INSERT_SQL,
+        &sql::DEFINITION_INSERT_SQL,
         params![req.definition.digest, req.workflow_name, now_ms],
     )?;
     tx.exec(
-        sql::RESERVE_RUN_INSERT_SQL,
+        &sql::RESERVE_RUN_INSERT_SQL,
         params![
             req.run_id,
             req.workflow_ref,
@@ -185,7 +186,7 @@ fn reserve_in(tx: &Tx<'_>, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
             now_ms
         ],
     )?;
-    tx.exec(sql::CREATE_LEASE_SQL, [&req.run_id])?;
+    tx.exec(&sql::CREATE_LEASE_SQL, params![&req.run_id])?;
     let payload = Value::Object(vec![
         (
             "definition_digest".into(),
@@ -203,7 +204,7 @@ fn reserve_in(tx: &Tx<'_>, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
 }
 
 /// Queue a run for a controller: status `queued`, lease at generation 0 with no owner.
-pub fn reserve_run(store: &mut SqliteStore, req: &NewQueuedRun, now_ms: i64) -> Result<Run> {
+pub fn reserve_run(store: &mut dyn Store, req: &NewQueuedRun, now_ms: i64) -> Result<Run> {
     req.check()?;
     store.write("reserving a run", |tx| {
         reserve_in(tx, req, now_ms)?;
@@ -223,18 +224,18 @@ pub struct Prepared {
 }
 
 /// The fields that differ between a stored run and a request, in a fixed order.
-fn differences(tx: &Tx<'_>, req: &NewQueuedRun) -> Result<Option<(Vec<String>, String)>> {
-    let row = tx.row(sql::PREPARATION_SQL, [&req.run_id], |r| {
+fn differences(tx: &dyn Tx, req: &NewQueuedRun) -> Result<Option<(Vec<String>, String)>> {
+    let row = tx.row(&sql::PREPARATION_SQL, params![&req.run_id], |r| {
         Ok([
-            r.get::<_, Option<String>>(0)?,
-            r.get::<_, Option<String>>(1)?,
-            r.get::<_, Option<String>>(2)?,
-            r.get::<_, Option<String>>(3)?,
-            r.get::<_, Option<String>>(4)?,
-            r.get::<_, Option<String>>(5)?,
-            r.get::<_, Option<String>>(6)?,
-            r.get::<_, Option<String>>(7)?,
-            r.get::<_, Option<String>>(8)?,
+            r.get::<Option<String>>(0)?,
+            r.get::<Option<String>>(1)?,
+            r.get::<Option<String>>(2)?,
+            r.get::<Option<String>>(3)?,
+            r.get::<Option<String>>(4)?,
+            r.get::<Option<String>>(5)?,
+            r.get::<Option<String>>(6)?,
+            r.get::<Option<String>>(7)?,
+            r.get::<Option<String>>(8)?,
         ])
     })?;
     let Some(stored) = row else {
@@ -263,13 +264,14 @@ fn differences(tx: &Tx<'_>, req: &NewQueuedRun) -> Result<Option<(Vec<String>, S
 /// Adopt the run if it exists with exactly these inputs (no writes at all), refuse it if it
 /// differs, else reserve and claim it, all in one transaction.
 pub fn prepare_or_adopt(
-    store: &mut SqliteStore,
+    store: &mut dyn Store,
     req: &NewQueuedRun,
     spec: &ClaimSpec,
     now_ms: i64,
 ) -> Result<Prepared> {
     req.check()?;
     store.write("preparing a run", |tx| {
+        tx.lock_run(&req.run_id)?;
         if let Some((fields, status)) = differences(tx, req)? {
             if !fields.is_empty() {
                 return Err(LedgerError::PreparationConflict {
@@ -306,12 +308,13 @@ pub fn prepare_or_adopt(
 
 /// Claim a run. `None` for a terminal run or while another owner's lease is unexpired.
 pub fn claim(
-    store: &mut SqliteStore,
+    store: &mut dyn Store,
     run_id: &str,
     spec: &ClaimSpec,
     now_ms: i64,
 ) -> Result<Option<Claim>> {
     store.write("claiming a run", |tx| {
+        tx.lock_run(run_id)?;
         let state = runs::run_state(tx, run_id)?;
         if is_terminal(&state.status) {
             return Ok(None);
@@ -322,7 +325,7 @@ pub fn claim(
 
 /// Extend a live claim by `lease_ms` from now.
 pub fn heartbeat(
-    store: &mut SqliteStore,
+    store: &mut dyn Store,
     fence: &Fence,
     token: &str,
     lease_ms: i64,
@@ -330,6 +333,7 @@ pub fn heartbeat(
 ) -> Result<Claim> {
     leases::check_lease_ms("lease_ms", lease_ms)?;
     store.write("renewing a claim", |tx| {
+        tx.lock_run(&fence.run_id)?;
         let mut claim = leases::heartbeat(tx, fence, lease_ms, now_ms)?;
         token.clone_into(&mut claim.token);
         Ok(claim)
@@ -337,8 +341,11 @@ pub fn heartbeat(
 }
 
 /// Give a live claim up.
-pub fn release(store: &mut SqliteStore, fence: &Fence, now_ms: i64) -> Result<()> {
-    store.write("releasing a claim", |tx| leases::release(tx, fence, now_ms))
+pub fn release(store: &mut dyn Store, fence: &Fence, now_ms: i64) -> Result<()> {
+    store.write("releasing a claim", |tx| {
+        tx.lock_run(&fence.run_id)?;
+        leases::release(tx, fence, now_ms)
+    })
 }
 
 /// The lifecycle of DESIGN §3: which status may follow which.
@@ -369,7 +376,7 @@ const STATUSES: [&str; 8] = [
 
 /// Move a claimed run along its lifecycle, fenced by the claim.
 pub fn set_status(
-    store: &mut SqliteStore,
+    store: &mut dyn Store,
     run_id: &str,
     status: &str,
     fence: &Fence,
@@ -382,6 +389,7 @@ pub fn set_status(
         ));
     }
     store.write("changing a run's status", |tx| {
+        tx.lock_run(run_id)?;
         let actor = leases::check(tx, run_id, Some(fence), now_ms)?;
         let state = runs::run_state(tx, run_id)?;
         if !allowed(&state.status, status) {
@@ -400,7 +408,7 @@ pub fn set_status(
 }
 
 /// The lease of a run (generation 0 and no owner if never claimed).
-pub fn lease(store: &mut SqliteStore, run_id: &str) -> Result<Lease> {
+pub fn lease(store: &mut dyn Store, run_id: &str) -> Result<Lease> {
     store.read("reading a lease", |tx| {
         runs::run_state(tx, run_id)?;
         leases::read(tx, run_id)
@@ -408,6 +416,6 @@ pub fn lease(store: &mut SqliteStore, run_id: &str) -> Result<Lease> {
 }
 
 /// Owned leases past their expiry on runs that are not terminal, soonest-expired first.
-pub fn expired_leases(store: &mut SqliteStore, now_ms: i64) -> Result<Vec<Lease>> {
+pub fn expired_leases(store: &mut dyn Store, now_ms: i64) -> Result<Vec<Lease>> {
     store.read("listing expired leases", |tx| leases::expired(tx, now_ms))
 }

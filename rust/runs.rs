@@ -5,7 +5,7 @@
 //! revision and appends `run.status`; terminal runs are never revived. The start guard is a
 //! partial unique index (`runs_scope_guard`), so racing processes cannot both start.
 
-use rusqlite::params;
+use crate::params;
 
 use crate::canonical::{digest_bytes, Value};
 use crate::errors::{LedgerError, Result};
@@ -13,7 +13,7 @@ use crate::events::{self, json_array, Actor};
 use crate::ids::{check_name, check_run_id, new_run_id};
 use crate::leases::{self, Fence};
 use crate::model::{Run, Step};
-use crate::store::sqlite::{is_unique_violation, sql, SqliteStore, Tx};
+use crate::store::{sql, Store, Tx};
 use crate::{blobs, canonical};
 
 /// The statuses no transition leaves.
@@ -114,8 +114,8 @@ pub(crate) struct RunState {
     pub workflow_ref: String,
 }
 
-pub(crate) fn run_state(tx: &Tx<'_>, run_id: &str) -> Result<RunState> {
-    tx.row(sql::RUN_STATUS_SQL, [run_id], |r| {
+pub(crate) fn run_state(tx: &dyn Tx, run_id: &str) -> Result<RunState> {
+    tx.row(&sql::RUN_STATUS_SQL, params![run_id], |r| {
         Ok(RunState {
             status: r.get(0)?,
             current_step_id: r.get(1)?,
@@ -128,7 +128,7 @@ pub(crate) fn run_state(tx: &Tx<'_>, run_id: &str) -> Result<RunState> {
     })
 }
 
-fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Run> {
+fn run_from_row(r: &dyn crate::store::Row) -> crate::store::DbResult<Run> {
     Ok(Run {
         run_id: r.get(0)?,
         workflow_ref: r.get(1)?,
@@ -149,11 +149,11 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Run> {
     })
 }
 
-pub(crate) fn read_run(tx: &Tx<'_>, run_id: &str) -> Result<Option<Run>> {
-    tx.row(sql::GET_RUN_SQL, [run_id], run_from_row)
+pub(crate) fn read_run(tx: &dyn Tx, run_id: &str) -> Result<Option<Run>> {
+    tx.row(&sql::GET_RUN_SQL, params![run_id], run_from_row)
 }
 
-pub(crate) fn must_read_run(tx: &Tx<'_>, run_id: &str) -> Result<Run> {
+pub(crate) fn must_read_run(tx: &dyn Tx, run_id: &str) -> Result<Run> {
     read_run(tx, run_id)?.ok_or_else(|| LedgerError::RunNotFound {
         run_id: run_id.to_owned(),
     })
@@ -192,7 +192,7 @@ struct Spine<'a> {
 
 /// Insert run + blobs + steps + `run.started`. Returns the raw insert error when the scope
 /// guard index fires, so the caller can name the occupant.
-fn insert_spine(tx: &Tx<'_>, s: &Spine<'_>, now_ms: i64) -> Result<()> {
+fn insert_spine(tx: &dyn Tx, s: &Spine<'_>, now_ms: i64) -> Result<()> {
     blobs::put_digested(tx, &s.params.digest, s.params.text.as_bytes(), now_ms)?;
     if let Some(plan) = s.plan {
         blobs::put_digested(tx, &plan.digest, plan.text.as_bytes(), now_ms)?;
@@ -202,7 +202,7 @@ fn insert_spine(tx: &Tx<'_>, s: &Spine<'_>, now_ms: i64) -> Result<()> {
         None => (None, None, None),
     };
     let inserted = tx.exec_raw(
-        sql::START_RUN_INSERT_SQL,
+        &sql::START_RUN_INSERT_SQL,
         params![
             s.run_id,
             s.workflow_ref,
@@ -224,7 +224,7 @@ fn insert_spine(tx: &Tx<'_>, s: &Spine<'_>, now_ms: i64) -> Result<()> {
     inserted.map_err(|e| guard_error(tx, &e, s.scope_key, s.workflow_ref))?;
     for (i, step) in s.steps.iter().enumerate() {
         tx.exec(
-            sql::START_RUN_STEP_SQL,
+            &sql::START_RUN_STEP_SQL,
             params![
                 s.run_id,
                 step.id,
@@ -255,17 +255,17 @@ fn insert_spine(tx: &Tx<'_>, s: &Spine<'_>, now_ms: i64) -> Result<()> {
 /// `ActiveRunExists` naming the occupant, anything else as a store error. One place for both
 /// paths that can fire the index: inserting a run and moving one into `active`.
 fn guard_error(
-    tx: &Tx<'_>,
-    err: &rusqlite::Error,
+    tx: &dyn Tx,
+    err: &crate::store::DbError,
     scope_key: Option<&str>,
     workflow_ref: &str,
 ) -> LedgerError {
-    if !is_unique_violation(err, "runs.scope_key, runs.workflow_ref") {
+    if !err.is_unique("runs_scope_guard", "runs.scope_key, runs.workflow_ref") {
         return tx.fail(err);
     }
     let refs = json_array(&[workflow_ref.to_owned()]);
-    match tx.row(sql::START_RUN_GUARD_SQL, params![scope_key, refs], |r| {
-        r.get::<_, String>(0)
+    match tx.row(&sql::START_RUN_GUARD_SQL, params![scope_key, refs], |r| {
+        r.get::<String>(0)
     }) {
         Ok(occupant) => LedgerError::ActiveRunExists {
             scope_key: scope_key.unwrap_or_default().to_owned(),
@@ -287,8 +287,11 @@ fn choose_run_id(run_id: Option<&String>) -> Result<String> {
 }
 
 /// Refuse a run id that is taken (inside the transaction that would insert it).
-fn refuse_existing(tx: &Tx<'_>, run_id: &str) -> Result<()> {
-    if tx.row(sql::RUN_EXISTS_SQL, [run_id], |_| Ok(()))?.is_some() {
+fn refuse_existing(tx: &dyn Tx, run_id: &str) -> Result<()> {
+    if tx
+        .row(&sql::RUN_EXISTS_SQL, params![run_id], |_| Ok(()))?
+        .is_some()
+    {
         return Err(LedgerError::invalid(
             "run_id",
             format!("run {run_id:?} already exists; choose another id or omit run_id"),
@@ -302,7 +305,7 @@ fn empty_params() -> Json {
 }
 
 /// Start a top-level run.
-pub fn start_run(store: &mut SqliteStore, req: &NewRun, now_ms: i64) -> Result<Run> {
+pub fn start_run(store: &mut dyn Store, req: &NewRun, now_ms: i64) -> Result<Run> {
     check_name("workflow_ref", &req.workflow_ref)?;
     check_steps(&req.steps)?;
     let run_id = choose_run_id(req.run_id.as_ref())?;
@@ -330,9 +333,9 @@ pub fn start_run(store: &mut SqliteStore, req: &NewRun, now_ms: i64) -> Result<R
         refuse_existing(tx, &run_id)?;
         if !req.force {
             if let Some(occupant) = tx.row(
-                sql::START_RUN_GUARD_SQL,
+                &sql::START_RUN_GUARD_SQL,
                 params![req.scope_key, refs_json],
-                |r| r.get::<_, String>(0),
+                |r| r.get::<String>(0),
             )? {
                 return Err(LedgerError::ActiveRunExists {
                     scope_key: req.scope_key.clone().unwrap_or_default(),
@@ -364,7 +367,7 @@ pub fn start_run(store: &mut SqliteStore, req: &NewRun, now_ms: i64) -> Result<R
 }
 
 /// Publish (or find) the child of a parent for an invocation key.
-pub fn publish_child_run(store: &mut SqliteStore, req: &ChildRun, now_ms: i64) -> Result<Run> {
+pub fn publish_child_run(store: &mut dyn Store, req: &ChildRun, now_ms: i64) -> Result<Run> {
     check_name("parent_unit_id", &req.parent_unit_id)?;
     check_name("invocation_key", &req.invocation_key)?;
     check_name("workflow_ref", &req.workflow_ref)?;
@@ -372,8 +375,13 @@ pub fn publish_child_run(store: &mut SqliteStore, req: &ChildRun, now_ms: i64) -
     let run_id = choose_run_id(req.run_id.as_ref())?;
     let params = req.params.clone().unwrap_or_else(empty_params);
     store.write("publishing a child run", |tx| {
+        // Publishers of one parent serialize on its row lock, so the look-then-insert below
+        // sees the first publisher's child (PostgreSQL; SQLite's IMMEDIATE lock does the same).
+        tx.lock_run(&req.parent_run_id)?;
         let scope: Option<String> = tx
-            .row(sql::PARENT_SCOPE_SQL, [&req.parent_run_id], |r| r.get(0))?
+            .row(&sql::PARENT_SCOPE_SQL, params![&req.parent_run_id], |r| {
+                r.get(0)
+            })?
             .ok_or_else(|| LedgerError::RunNotFound {
                 run_id: req.parent_run_id.clone(),
             })?;
@@ -381,9 +389,9 @@ pub fn publish_child_run(store: &mut SqliteStore, req: &ChildRun, now_ms: i64) -
         // candidate id, plan and steps (PRIOR_ART AK-14, AK-16). The IMMEDIATE lock makes this
         // look-then-insert atomic; runs_invocation_key backs it up.
         if let Some(existing) = tx.row(
-            sql::PUBLISH_CHILD_RUN_FIND_SQL,
+            &sql::PUBLISH_CHILD_RUN_FIND_SQL,
             params![req.parent_run_id, req.invocation_key],
-            |r| r.get::<_, String>(0),
+            |r| r.get::<String>(0),
         )? {
             return must_read_run(tx, &existing);
         }
@@ -409,12 +417,12 @@ pub fn publish_child_run(store: &mut SqliteStore, req: &ChildRun, now_ms: i64) -
 }
 
 /// The run, or `None`.
-pub fn get_run(store: &mut SqliteStore, run_id: &str) -> Result<Option<Run>> {
+pub fn get_run(store: &mut dyn Store, run_id: &str) -> Result<Option<Run>> {
     store.read("reading a run", |tx| read_run(tx, run_id))
 }
 
 /// The single run id starting with `prefix` (LIKE metacharacters literal).
-pub fn resolve_run_id(store: &mut SqliteStore, prefix: &str) -> Result<String> {
+pub fn resolve_run_id(store: &mut dyn Store, prefix: &str) -> Result<String> {
     let mut pattern = String::with_capacity(prefix.len() + 2);
     for c in prefix.chars() {
         if matches!(c, '%' | '_' | '\\') {
@@ -424,8 +432,8 @@ pub fn resolve_run_id(store: &mut SqliteStore, prefix: &str) -> Result<String> {
     }
     pattern.push('%');
     let mut matches = store.read("resolving a run id", |tx| {
-        tx.rows(sql::RESOLVE_RUN_ID_SQL, [&pattern], |r| {
-            r.get::<_, String>(0)
+        tx.rows(&sql::RESOLVE_RUN_ID_SQL, params![&pattern], |r| {
+            r.get::<String>(0)
         })
     })?;
     match matches.len() {
@@ -456,11 +464,11 @@ pub struct RunFilter {
 }
 
 /// Runs, most recently updated first.
-pub fn list_runs(store: &mut SqliteStore, f: &RunFilter) -> Result<Vec<Run>> {
+pub fn list_runs(store: &mut dyn Store, f: &RunFilter) -> Result<Vec<Run>> {
     let refs = f.workflow_refs.as_deref().map(json_array);
     store.read("listing runs", |tx| {
         tx.rows(
-            sql::LIST_RUNS_SQL,
+            &sql::LIST_RUNS_SQL,
             params![
                 i64::from(f.all_scopes),
                 f.scope_key,
@@ -475,7 +483,7 @@ pub fn list_runs(store: &mut SqliteStore, f: &RunFilter) -> Result<Vec<Run>> {
 
 /// The newest top-level active run of `refs` in (or, with `outside`, outside) `scope_key`.
 pub fn find_active_run(
-    store: &mut SqliteStore,
+    store: &mut dyn Store,
     refs: &[String],
     scope_key: &str,
     outside: bool,
@@ -486,7 +494,7 @@ pub fn find_active_run(
     let refs = json_array(refs);
     store.read("finding an active run", |tx| {
         tx.row(
-            sql::FIND_ACTIVE_RUN_SQL,
+            &sql::FIND_ACTIVE_RUN_SQL,
             params![refs, scope_key, i64::from(outside)],
             run_from_row,
         )
@@ -494,24 +502,28 @@ pub fn find_active_run(
 }
 
 /// The newest top-level active or blocked run in `scope_key`.
-pub fn find_scope_occupant(store: &mut SqliteStore, scope_key: &str) -> Result<Option<Run>> {
+pub fn find_scope_occupant(store: &mut dyn Store, scope_key: &str) -> Result<Option<Run>> {
     store.read("finding the scope occupant", |tx| {
-        tx.row(sql::FIND_SCOPE_OCCUPANT_SQL, [scope_key], run_from_row)
+        tx.row(
+            &sql::FIND_SCOPE_OCCUPANT_SQL,
+            params![scope_key],
+            run_from_row,
+        )
     })
 }
 
 /// Children of a run, oldest first.
-pub fn child_runs(store: &mut SqliteStore, parent_run_id: &str) -> Result<Vec<Run>> {
+pub fn child_runs(store: &mut dyn Store, parent_run_id: &str) -> Result<Vec<Run>> {
     store.read("listing child runs", |tx| {
-        tx.rows(sql::CHILD_RUNS_SQL, [parent_run_id], run_from_row)
+        tx.rows(&sql::CHILD_RUNS_SQL, params![parent_run_id], run_from_row)
     })
 }
 
 /// The run's steps in plan order.
-pub fn steps(store: &mut SqliteStore, run_id: &str) -> Result<Vec<Step>> {
+pub fn steps(store: &mut dyn Store, run_id: &str) -> Result<Vec<Step>> {
     store.read("listing steps", |tx| {
         run_state(tx, run_id)?;
-        tx.rows(sql::LIST_STEPS_SQL, [run_id], |r| {
+        tx.rows(&sql::LIST_STEPS_SQL, params![run_id], |r| {
             Ok(Step {
                 run_id: r.get(0)?,
                 step_id: r.get(1)?,
@@ -520,7 +532,7 @@ pub fn steps(store: &mut SqliteStore, run_id: &str) -> Result<Vec<Step>> {
                 sequence_index: r.get(4)?,
                 status: r.get(5)?,
                 notes: r.get(6)?,
-                evidence: r.get::<_, Option<String>>(7)?.map(String::into_bytes),
+                evidence: r.get::<Option<String>>(7)?.map(String::into_bytes),
                 summary: r.get(8)?,
                 completed_at: r.get(9)?,
             })
@@ -531,7 +543,7 @@ pub fn steps(store: &mut SqliteStore, run_id: &str) -> Result<Vec<Step>> {
 /// Change a run's status, bump its revision and append `run.status`. The one path every
 /// status change takes; a move into `active` that would break the scope guard fails here.
 pub(crate) fn transition(
-    tx: &Tx<'_>,
+    tx: &dyn Tx,
     run_id: &str,
     state: &RunState,
     to: &str,
@@ -540,7 +552,7 @@ pub(crate) fn transition(
     now_ms: i64,
 ) -> Result<()> {
     if let Err(e) = tx.exec_raw(
-        sql::SET_RUN_STATUS_SQL,
+        &sql::SET_RUN_STATUS_SQL,
         params![run_id, to, current_step, now_ms],
     ) {
         return Err(guard_error(
@@ -585,7 +597,7 @@ pub struct StepResult {
 
 /// Finish the run's current step and advance (or block, or complete the run).
 pub fn complete_step(
-    store: &mut SqliteStore,
+    store: &mut dyn Store,
     run_id: &str,
     step_id: &str,
     result: &StepResult,
@@ -605,11 +617,14 @@ pub fn complete_step(
         ));
     }
     store.write("completing a step", |tx| {
+        tx.lock_run(run_id)?;
         let actor = leases::check(tx, run_id, fence, now_ms)?;
         let state = run_state(tx, run_id)?;
         require_active(run_id, &state)?;
         let seq: i64 = tx
-            .row(sql::STEP_STATUS_SQL, [run_id, step_id], |r| r.get(1))?
+            .row(&sql::STEP_STATUS_SQL, params![run_id, step_id], |r| {
+                r.get(1)
+            })?
             .ok_or_else(|| LedgerError::NotFound {
                 kind: "step",
                 key: step_id.to_owned(),
@@ -626,7 +641,7 @@ pub fn complete_step(
         }
         let completed_at = (result.status != "blocked").then_some(now_ms);
         tx.exec(
-            sql::COMPLETE_STEP_SQL,
+            &sql::COMPLETE_STEP_SQL,
             params![
                 run_id,
                 step_id,
@@ -646,11 +661,11 @@ pub fn complete_step(
         match result.status.as_str() {
             "completed" | "skipped" => {
                 let next: Option<String> =
-                    tx.row(sql::NEXT_STEP_SQL, params![run_id, seq], |r| r.get(0))?;
+                    tx.row(&sql::NEXT_STEP_SQL, params![run_id, seq], |r| r.get(0))?;
                 if let Some(next) = next {
-                    tx.exec(sql::ACTIVATE_STEP_SQL, params![run_id, next])?;
+                    tx.exec(&sql::ACTIVATE_STEP_SQL, params![run_id, next])?;
                     tx.exec(
-                        sql::SET_RUN_STATUS_SQL,
+                        &sql::SET_RUN_STATUS_SQL,
                         params![run_id, "active", next, now_ms],
                     )?;
                 } else {
@@ -665,16 +680,17 @@ pub fn complete_step(
 
 /// `active` -> `blocked`, marking the current step blocked.
 pub fn block_run(
-    store: &mut SqliteStore,
+    store: &mut dyn Store,
     run_id: &str,
     notes: Option<&str>,
     now_ms: i64,
 ) -> Result<Run> {
     store.write("blocking a run", |tx| {
+        tx.lock_run(run_id)?;
         let state = run_state(tx, run_id)?;
         require_active(run_id, &state)?;
         if let Some(step) = &state.current_step_id {
-            tx.exec(sql::BLOCK_STEP_SQL, params![run_id, step, notes])?;
+            tx.exec(&sql::BLOCK_STEP_SQL, params![run_id, step, notes])?;
         }
         let current = state.current_step_id.clone();
         transition(
@@ -691,8 +707,9 @@ pub fn block_run(
 }
 
 /// `blocked` -> `active`, reopening the current step; an active run is returned unchanged.
-pub fn resume_run(store: &mut SqliteStore, run_id: &str, now_ms: i64) -> Result<Run> {
+pub fn resume_run(store: &mut dyn Store, run_id: &str, now_ms: i64) -> Result<Run> {
     store.write("resuming a run", |tx| {
+        tx.lock_run(run_id)?;
         let state = run_state(tx, run_id)?;
         match state.status.as_str() {
             "active" => return must_read_run(tx, run_id),
@@ -705,7 +722,7 @@ pub fn resume_run(store: &mut SqliteStore, run_id: &str, now_ms: i64) -> Result<
             }
         }
         if let Some(step) = &state.current_step_id {
-            tx.exec(sql::REOPEN_STEP_SQL, params![run_id, step])?;
+            tx.exec(&sql::REOPEN_STEP_SQL, params![run_id, step])?;
         }
         let current = state.current_step_id.clone();
         transition(
@@ -722,8 +739,9 @@ pub fn resume_run(store: &mut SqliteStore, run_id: &str, now_ms: i64) -> Result<
 }
 
 /// Cancel a non-terminal run; `false` when it was terminal already.
-pub fn abandon_run(store: &mut SqliteStore, run_id: &str, now_ms: i64) -> Result<bool> {
+pub fn abandon_run(store: &mut dyn Store, run_id: &str, now_ms: i64) -> Result<bool> {
     store.write("abandoning a run", |tx| {
+        tx.lock_run(run_id)?;
         let state = run_state(tx, run_id)?;
         if TERMINAL.contains(&state.status.as_str()) {
             return Ok(false);
@@ -744,18 +762,19 @@ pub fn abandon_run(store: &mut SqliteStore, run_id: &str, now_ms: i64) -> Result
 
 /// Record the run's outputs.
 pub fn set_outputs(
-    store: &mut SqliteStore,
+    store: &mut dyn Store,
     run_id: &str,
     outputs: &Json,
     fence: Option<&Fence>,
     now_ms: i64,
 ) -> Result<()> {
     store.write("setting outputs", |tx| {
+        tx.lock_run(run_id)?;
         leases::check(tx, run_id, fence, now_ms)?;
         run_state(tx, run_id)?;
         blobs::put_digested(tx, &outputs.digest, outputs.text.as_bytes(), now_ms)?;
         tx.exec(
-            sql::SET_OUTPUTS_SQL,
+            &sql::SET_OUTPUTS_SQL,
             params![run_id, outputs.digest, now_ms],
         )?;
         Ok(())

@@ -102,13 +102,14 @@ def _refs(workflow_refs: str | Iterable[str] | None) -> list[str] | None:
     return list(workflow_refs)
 
 
-def _parse_target(target: object) -> str | None:
-    """A path, ``sqlite:///path`` (SQLAlchemy style: ``sqlite:////abs/path``) or ``:memory:``;
-    returns the file path, or ``None`` for an in-memory database."""
+def _parse_target(target: object) -> tuple[str | None, str | None]:
+    """A path, ``sqlite:///path`` (SQLAlchemy style: ``sqlite:////abs/path``), ``:memory:`` or
+    ``postgresql://user@host:port/db[?schema=name]``; returns ``(file path, None)`` (path
+    ``None`` for an in-memory database) or ``(None, PostgreSQL URL)``."""
     if not isinstance(target, str) or not target:
         raise InvalidArgument(
-            f"target must be a non-empty str (a path, 'sqlite:///path' or ':memory:'), "
-            f"not {target!r}",
+            f"target must be a non-empty str (a path, 'sqlite:///path', ':memory:' or "
+            f"'postgresql://user@host/db'), not {target!r}",
             argument="target",
         )
     if target.startswith("sqlite:///"):
@@ -116,17 +117,15 @@ def _parse_target(target: object) -> str | None:
         if not target:
             raise InvalidArgument("target 'sqlite:///' names no file", argument="target")
     elif target.startswith(("postgresql://", "postgres://")):
-        raise InvalidArgument(
-            "the PostgreSQL backend is not available in this build yet; use a SQLite path",
-            argument="target",
-        )
+        return None, target
     elif "://" in target:
         scheme = target.split("://", 1)[0]
         raise InvalidArgument(
-            f"unsupported target scheme {scheme!r}; use a path, 'sqlite:///path' or ':memory:'",
+            f"unsupported target scheme {scheme!r}; use a path, 'sqlite:///path', ':memory:' "
+            f"or 'postgresql://user@host/db'",
             argument="target",
         )
-    return None if target == ":memory:" else target
+    return (None if target == ":memory:" else target), None
 
 
 class Ledger:
@@ -147,6 +146,7 @@ class Ledger:
         durability: Durability = "normal",
         busy_timeout_ms: int = 5000,
         create: bool = True,
+        schema: str | None = None,
     ) -> Ledger:
         """Open (creating and migrating if needed) the ledger at ``target``.
 
@@ -157,8 +157,18 @@ class Ledger:
         it to exercise expiry without sleeping). ``durability="full"`` makes every commit
         fsync (``synchronous=FULL``); the default ``"normal"`` is WAL's crash-safe setting that
         may lose the last commits on power loss, never consistency.
+
+        A ``postgresql://user@host:port/db`` target opens the PostgreSQL backend: the same API
+        and guarantees. ``schema`` (or ``?schema=`` in the URL) picks the schema the ledger's
+        tables live in (default ``public``), so tests and tenants can share one database.
+        There ``durability="normal"`` is ``synchronous_commit=off`` and ``"full"`` is ``on``;
+        ``busy_timeout_ms`` is the session's ``lock_timeout`` and the retry budget.
         """
-        path = _parse_target(target)
+        path, url = _parse_target(target)
+        if schema is not None and not isinstance(schema, str):
+            raise InvalidArgument(
+                f"schema must be a str or None, not {schema!r}", argument="schema"
+            )
         if durability not in ("normal", "full"):
             raise InvalidArgument(
                 f"durability must be 'normal' or 'full', not {durability!r}",
@@ -178,7 +188,9 @@ class Ledger:
                 f"clock must be a callable returning epoch milliseconds, not {clock!r}",
                 argument="clock",
             )
-        return cls(_core.Ledger(path, durability, busy_timeout_ms, clock, bool(create)))
+        return cls(
+            _core.Ledger(path, durability, busy_timeout_ms, clock, bool(create), url, schema)
+        )
 
     def close(self) -> None:
         """Close the database connection. Idempotent; later calls raise ``LedgerError``."""

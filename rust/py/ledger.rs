@@ -20,14 +20,13 @@ use crate::py::errors::to_pyerr;
 use crate::py::read_doc;
 use crate::queue::{self, NewQueuedRun};
 use crate::runs::{self, ChildRun, Json, NewRun, RunFilter, StepResult, StepSpec};
-use crate::store::sqlite::SqliteStore;
-use crate::store::{Durability, OpenOptions};
+use crate::store::{Durability, OpenOptions, Store};
 use crate::{blobs, events};
 
 /// The ledger handle: one connection behind a mutex, shared safely between threads.
 #[pyclass(frozen, module = "fencepost._core", name = "Ledger")]
 pub struct PyLedger {
-    store: Mutex<Option<SqliteStore>>,
+    store: Mutex<Option<Box<dyn Store>>>,
     clock: Option<Py<PyAny>>,
 }
 
@@ -438,13 +437,13 @@ impl PyLedger {
     fn run<T: Send>(
         &self,
         py: Python<'_>,
-        op: impl FnOnce(&mut SqliteStore, i64) -> Result<T> + Send,
+        op: impl FnOnce(&mut dyn Store, i64) -> Result<T> + Send,
     ) -> PyResult<T> {
         let now = self.now(py)?;
         py.detach(|| {
             let mut guard = self.store.lock().unwrap_or_else(PoisonError::into_inner);
             match guard.as_mut() {
-                Some(store) => op(store, now),
+                Some(store) => op(store.as_mut(), now),
                 None => Err(LedgerError::Store {
                     operation: "using the ledger".into(),
                     message: "the ledger is closed; open it again with fencepost.Ledger.open()"
@@ -459,7 +458,8 @@ impl PyLedger {
 #[pymethods]
 impl PyLedger {
     #[new]
-    #[pyo3(signature = (path, durability, busy_timeout_ms, clock, create=true))]
+    #[pyo3(signature = (path, durability, busy_timeout_ms, clock, create=true, url=None, schema=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         path: Option<&str>,
@@ -467,6 +467,8 @@ impl PyLedger {
         busy_timeout_ms: u64,
         clock: Option<Py<PyAny>>,
         create: bool,
+        url: Option<&str>,
+        schema: Option<&str>,
     ) -> PyResult<Self> {
         let opts = OpenOptions {
             durability: if durability == "full" {
@@ -483,7 +485,7 @@ impl PyLedger {
         };
         let now = this.now(py)?;
         let store = py
-            .detach(|| SqliteStore::open(path, &opts, now))
+            .detach(|| crate::store::open(path, url, schema, &opts, now))
             .map_err(|e| to_pyerr(py, e))?;
         *this.store.lock().unwrap_or_else(PoisonError::into_inner) = Some(store);
         Ok(this)

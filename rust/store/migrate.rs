@@ -21,11 +21,20 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
-/// Every migration this library knows, in order.
+/// Every SQLite migration this library knows, in order.
 pub const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
     name: "init",
     sql: include_str!("sqlite/migrations/0001_init.sql"),
+}];
+
+/// The same migrations in PostgreSQL's dialect: the same versions and names, so both
+/// backends describe one schema history.
+#[cfg(feature = "postgres")]
+pub const POSTGRES_MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "init",
+    sql: include_str!("postgres/migrations/0001_init.sql"),
 }];
 
 /// The newest schema version this library knows.
@@ -78,6 +87,24 @@ pub fn migrate(conn: &mut Connection, label: &str, now_ms: i64) -> Result<i64> {
         rows.collect::<Result<_, _>>()
             .map_err(|e| store_error(op, label, &e))?
     };
+    for m in pending(&applied, MIGRATIONS, label)? {
+        let step = format!("applying schema migration {} ({})", m.version, m.name);
+        tx.execute_batch(m.sql)
+            .map_err(|e| store_error(&step, label, &e))?;
+        tx.execute(RECORD_SQL, params![m.version, m.name, now_ms])
+            .map_err(|e| store_error(&step, label, &e))?;
+    }
+    tx.commit().map_err(|e| store_error(op, label, &e))?;
+    Ok(SCHEMA_VERSION)
+}
+
+/// The migrations still to apply after `applied` (the ledger's rows, in version order): a
+/// newer database is `SchemaError`; a gap or a renamed migration is an inconsistent ledger.
+pub fn pending<'m>(
+    applied: &[(i64, String)],
+    known: &'m [Migration],
+    label: &str,
+) -> Result<&'m [Migration]> {
     if let Some(&(newest, _)) = applied.last() {
         if newest > SCHEMA_VERSION {
             return Err(LedgerError::Schema {
@@ -87,27 +114,19 @@ pub fn migrate(conn: &mut Connection, label: &str, now_ms: i64) -> Result<i64> {
         }
     }
     for (i, (version, name)) in applied.iter().enumerate() {
-        let known = &MIGRATIONS[i];
-        if *version != known.version || name != known.name {
+        let expected = &known[i];
+        if *version != expected.version || name != expected.name {
             return Err(LedgerError::Store {
-                operation: op.into(),
+                operation: "applying schema migrations".into(),
                 message: format!(
                     "{label} has an inconsistent migration ledger (found {version} {name:?} \
                      where {} {:?} belongs); restore it from a backup",
-                    known.version, known.name
+                    expected.version, expected.name
                 ),
             });
         }
     }
-    for m in &MIGRATIONS[applied.len()..] {
-        let step = format!("applying schema migration {} ({})", m.version, m.name);
-        tx.execute_batch(m.sql)
-            .map_err(|e| store_error(&step, label, &e))?;
-        tx.execute(RECORD_SQL, params![m.version, m.name, now_ms])
-            .map_err(|e| store_error(&step, label, &e))?;
-    }
-    tx.commit().map_err(|e| store_error(op, label, &e))?;
-    Ok(SCHEMA_VERSION)
+    Ok(&known[applied.len()..])
 }
 
 #[cfg(test)]

@@ -1,11 +1,50 @@
 //! Storage: opening a database, its settings, forward-only migrations, transactions with
 //! bounded busy retry, and the mapping of every database error onto [`LedgerError`].
 //!
-//! SQLite (rusqlite, `bundled`) is the backend today; the PostgreSQL issue turns this module into
-//! the `Store`/`Tx` seam with one implementation per backend.
+//! [`Store`] and [`Tx`] are the only seam between the operations and SQL (River's driver
+//! idea, kept internal): the operations in `runs`, `attempts`, `queue`, `leases`, `events` and
+//! `blobs` are written once against `&dyn Tx`; `sqlite` (rusqlite, `bundled`) and `postgres`
+//! (the `postgres` crate, behind the `postgres` feature) implement it. Statements live in
+//! [`sql`], one text per dialect where the dialects differ.
+
+use crate::errors::{LedgerError, Result};
 
 pub mod migrate;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+pub mod sql;
 pub mod sqlite;
+
+/// Open a ledger store: PostgreSQL when `url` is given, else the SQLite file `path` (`None` =
+/// a private in-memory database).
+pub fn open(
+    path: Option<&str>,
+    url: Option<&str>,
+    schema: Option<&str>,
+    opts: &OpenOptions,
+    now_ms: i64,
+) -> Result<Box<dyn Store>> {
+    match url {
+        #[cfg(feature = "postgres")]
+        Some(url) => Ok(Box::new(postgres::PgStore::open(
+            url, schema, opts, now_ms,
+        )?)),
+        #[cfg(not(feature = "postgres"))]
+        Some(_) => Err(LedgerError::invalid(
+            "target",
+            "this build of fencepost has no PostgreSQL backend; install the wheel from PyPI",
+        )),
+        None => {
+            if schema.is_some() {
+                return Err(LedgerError::invalid(
+                    "schema",
+                    "only a PostgreSQL target has schemas; drop schema= for a SQLite file",
+                ));
+            }
+            Ok(Box::new(sqlite::SqliteStore::open(path, opts, now_ms)?))
+        }
+    }
+}
 
 /// How hard each commit is pushed to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,4 +86,400 @@ impl Default for OpenOptions {
             create: true,
         }
     }
+}
+
+// ------------------------------------------------------------------ the seam
+
+/// Which database a store talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// An embedded SQLite file (or memory).
+    Sqlite,
+    /// A PostgreSQL server.
+    Postgres,
+}
+
+/// One statement in each backend's dialect. Most statements are written once and shared
+/// (`?N` placeholders; the PostgreSQL store rewrites them to `$N` when it prepares them); the
+/// few that need a dialect's own feature (JSON lists, row locks, aggregates over booleans)
+/// carry two texts.
+#[derive(Debug, Clone, Copy)]
+pub struct Sql {
+    /// The SQLite text.
+    pub sqlite: &'static str,
+    /// The PostgreSQL text (`?N` placeholders too). Empty = nothing to run on PostgreSQL.
+    pub postgres: &'static str,
+}
+
+impl Sql {
+    /// One text for both backends.
+    pub const fn same(text: &'static str) -> Self {
+        Self {
+            sqlite: text,
+            postgres: text,
+        }
+    }
+
+    /// A text per backend; an empty text means the statement is not needed there.
+    pub const fn split(sqlite: &'static str, postgres: &'static str) -> Self {
+        Self { sqlite, postgres }
+    }
+
+    /// The text for `backend`.
+    pub fn text(&self, backend: Backend) -> &'static str {
+        match backend {
+            Backend::Sqlite => self.sqlite,
+            Backend::Postgres => self.postgres,
+        }
+    }
+}
+
+/// A bound parameter or a read column, in the four shapes the ledger stores: every integer is
+/// 64-bit, every string UTF-8 text, JSON is canonical text, blobs are bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlValue<'a> {
+    /// NULL.
+    Null,
+    /// An integer (booleans are 0/1).
+    Int(i64),
+    /// UTF-8 text.
+    Text(&'a str),
+    /// Bytes.
+    Blob(&'a [u8]),
+}
+
+/// A value that can be bound as a statement parameter.
+pub trait ToSql {
+    /// The value to bind.
+    fn to_sql(&self) -> SqlValue<'_>;
+}
+
+impl ToSql for i64 {
+    fn to_sql(&self) -> SqlValue<'_> {
+        SqlValue::Int(*self)
+    }
+}
+impl ToSql for bool {
+    fn to_sql(&self) -> SqlValue<'_> {
+        SqlValue::Int(i64::from(*self))
+    }
+}
+impl ToSql for str {
+    fn to_sql(&self) -> SqlValue<'_> {
+        SqlValue::Text(self)
+    }
+}
+impl ToSql for String {
+    fn to_sql(&self) -> SqlValue<'_> {
+        SqlValue::Text(self)
+    }
+}
+impl ToSql for [u8] {
+    fn to_sql(&self) -> SqlValue<'_> {
+        SqlValue::Blob(self)
+    }
+}
+impl ToSql for Vec<u8> {
+    fn to_sql(&self) -> SqlValue<'_> {
+        SqlValue::Blob(self)
+    }
+}
+impl<T: ToSql + ?Sized> ToSql for &T {
+    fn to_sql(&self) -> SqlValue<'_> {
+        (**self).to_sql()
+    }
+}
+impl<T: ToSql> ToSql for Option<T> {
+    fn to_sql(&self) -> SqlValue<'_> {
+        self.as_ref().map_or(SqlValue::Null, ToSql::to_sql)
+    }
+}
+
+/// Statement parameters: `params![a, b, c]` borrows each as `&dyn ToSql`.
+#[macro_export]
+macro_rules! params {
+    () => { &[] as &[&dyn $crate::store::ToSql] };
+    ($($p:expr),+ $(,)?) => { &[$(&$p as &dyn $crate::store::ToSql),+] as &[&dyn $crate::store::ToSql] };
+}
+
+/// A database error, classified for the operations; the backend's own error never leaves the
+/// store (it is rendered into `message`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbError {
+    /// What kind of failure.
+    pub kind: DbErrorKind,
+    /// The backend's description, for the `Store` error's message.
+    pub message: String,
+}
+
+/// The failures an operation may react to; everything else is `Other`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DbErrorKind {
+    /// Lock contention, a serialization failure or a deadlock: the transaction may be retried.
+    Busy,
+    /// A UNIQUE constraint: `target` names it (PostgreSQL: the index name; SQLite: the
+    /// `table.column, ...` list it reports).
+    Unique {
+        /// The index or columns.
+        target: String,
+    },
+    /// A column's value had another type than the operation asked for.
+    Type,
+    /// The store cannot reach or read the database; the message says what to check.
+    Unavailable,
+    /// Anything else.
+    Other,
+}
+
+impl DbError {
+    /// An error of `kind` described by `message`.
+    pub fn new(kind: DbErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// Whether this is a UNIQUE violation of the index named `index` (PostgreSQL) or over the
+    /// columns `columns` (SQLite reports columns, not the index).
+    pub fn is_unique(&self, index: &str, columns: &str) -> bool {
+        matches!(&self.kind, DbErrorKind::Unique { target } if target == index || target.contains(columns))
+    }
+}
+
+/// A result of the store's statement layer.
+pub type DbResult<T> = std::result::Result<T, DbError>;
+
+/// A column type the operations read.
+pub trait FromSql: Sized {
+    /// Convert a column value.
+    fn from_sql(value: SqlValue<'_>) -> DbResult<Self>;
+}
+
+fn type_error(want: &str, got: SqlValue<'_>) -> DbError {
+    DbError::new(
+        DbErrorKind::Type,
+        format!("expected a column of type {want}, read {got:?}"),
+    )
+}
+
+impl FromSql for i64 {
+    fn from_sql(value: SqlValue<'_>) -> DbResult<Self> {
+        match value {
+            SqlValue::Int(v) => Ok(v),
+            other => Err(type_error("integer", other)),
+        }
+    }
+}
+impl FromSql for bool {
+    fn from_sql(value: SqlValue<'_>) -> DbResult<Self> {
+        i64::from_sql(value).map(|v| v != 0)
+    }
+}
+impl FromSql for String {
+    fn from_sql(value: SqlValue<'_>) -> DbResult<Self> {
+        match value {
+            SqlValue::Text(s) => Ok(s.to_owned()),
+            other => Err(type_error("text", other)),
+        }
+    }
+}
+impl FromSql for Vec<u8> {
+    fn from_sql(value: SqlValue<'_>) -> DbResult<Self> {
+        match value {
+            SqlValue::Blob(b) => Ok(b.to_vec()),
+            SqlValue::Text(s) => Ok(s.as_bytes().to_vec()),
+            other => Err(type_error("bytes", other)),
+        }
+    }
+}
+impl<T: FromSql> FromSql for Option<T> {
+    fn from_sql(value: SqlValue<'_>) -> DbResult<Self> {
+        match value {
+            SqlValue::Null => Ok(None),
+            other => T::from_sql(other).map(Some),
+        }
+    }
+}
+
+/// One result row.
+pub trait Row {
+    /// Column `index` (0-based).
+    fn value(&self, index: usize) -> DbResult<SqlValue<'_>>;
+}
+
+impl dyn Row + '_ {
+    /// Column `index` as `T`.
+    pub fn get<T: FromSql>(&self, index: usize) -> DbResult<T> {
+        T::from_sql(self.value(index)?)
+    }
+}
+
+/// An open transaction: the only way operations reach SQL. Object-safe, so operation code
+/// is written once against `&dyn Tx` for every backend.
+pub trait Tx {
+    /// The dialect of this transaction's database.
+    fn backend(&self) -> Backend;
+    /// Execute a statement; the number of rows changed. Errors are returned classified, so
+    /// the caller can interpret a constraint (PostgreSQL keeps the transaction usable: the
+    /// statement runs under a savepoint when `interpret` is set).
+    fn execute(&self, sql: &Sql, params: &[&dyn ToSql], interpret: bool) -> DbResult<usize>;
+    /// Run a query and hand each row to `each` until it returns `false`.
+    fn query(
+        &self,
+        sql: &Sql,
+        params: &[&dyn ToSql],
+        each: &mut dyn FnMut(&dyn Row) -> DbResult<bool>,
+    ) -> DbResult<()>;
+    /// The ledger error for a failed statement of this transaction's operation.
+    fn fail(&self, err: &DbError) -> LedgerError;
+    /// Take the run's row lock for the rest of the transaction: every write on a run begins
+    /// here, so writes on one run are serialized and writes on different runs never wait for
+    /// each other. SQLite's IMMEDIATE transaction already holds the one write lock: a no-op.
+    fn lock_run(&self, run_id: &str) -> Result<()>;
+}
+
+impl dyn Tx + '_ {
+    /// Execute a statement; the number of rows changed.
+    pub fn exec(&self, sql: &Sql, params: &[&dyn ToSql]) -> Result<usize> {
+        self.execute(sql, params, false).map_err(|e| self.fail(&e))
+    }
+
+    /// Execute a statement whose failure the caller interprets (a constraint that means
+    /// something to the operation).
+    pub fn exec_raw(&self, sql: &Sql, params: &[&dyn ToSql]) -> DbResult<usize> {
+        self.execute(sql, params, true)
+    }
+
+    /// The first row, if any.
+    pub fn row<T>(
+        &self,
+        sql: &Sql,
+        params: &[&dyn ToSql],
+        map: impl FnOnce(&dyn Row) -> DbResult<T>,
+    ) -> Result<Option<T>> {
+        let mut map = Some(map);
+        let mut out = None;
+        self.query(sql, params, &mut |r| {
+            if let Some(f) = map.take() {
+                out = Some(f(r)?);
+            }
+            Ok(false)
+        })
+        .map_err(|e| self.fail(&e))?;
+        Ok(out)
+    }
+
+    /// Every row.
+    pub fn rows<T>(
+        &self,
+        sql: &Sql,
+        params: &[&dyn ToSql],
+        mut map: impl FnMut(&dyn Row) -> DbResult<T>,
+    ) -> Result<Vec<T>> {
+        let mut out = Vec::new();
+        self.query(sql, params, &mut |r| {
+            out.push(map(r)?);
+            Ok(true)
+        })
+        .map_err(|e| self.fail(&e))?;
+        Ok(out)
+    }
+}
+
+/// What a store reports about its settings (`Ledger.pragmas()`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pragmas {
+    /// `wal` for SQLite files, `memory` for `:memory:`, `postgresql` on PostgreSQL.
+    pub journal_mode: String,
+    /// `normal` or `full` (PostgreSQL: `synchronous_commit` off/local = normal, else full).
+    pub synchronous: String,
+    /// Milliseconds.
+    pub busy_timeout: i64,
+    /// Always true.
+    pub foreign_keys: bool,
+    /// The schema version after migrations.
+    pub schema_version: i64,
+}
+
+/// A ledger database: transactions, settings, checks. Operations take `&mut dyn Store`.
+pub trait Store: Send {
+    /// The dialect.
+    fn backend(&self) -> Backend;
+    /// The database's name in messages (a path, or a PostgreSQL URL without its password).
+    fn label(&self) -> &str;
+    /// Run `body` in one write transaction, committed if it returns `Ok` and rolled back (nothing
+    /// written) if it returns `Err`. Contention is retried with jitter within the busy budget,
+    /// re-running `body`, then reported as `StoreBusy`.
+    fn write_dyn(&mut self, op: &str, body: &mut dyn FnMut(&dyn Tx) -> Result<()>) -> Result<()>;
+    /// Run `body` in one read transaction (one consistent snapshot).
+    fn read_dyn(&mut self, op: &str, body: &mut dyn FnMut(&dyn Tx) -> Result<()>) -> Result<()>;
+    /// The settings as the database reports them now.
+    fn pragmas(&mut self) -> Result<Pragmas>;
+    /// The database's own consistency check: `["ok"]` when sound.
+    fn integrity_check(&mut self) -> Result<Vec<String>>;
+}
+
+impl dyn Store + '_ {
+    /// [`Store::write_dyn`] returning the body's value.
+    pub fn write<T>(&mut self, op: &str, mut body: impl FnMut(&dyn Tx) -> Result<T>) -> Result<T> {
+        let mut out = None;
+        self.write_dyn(op, &mut |tx| {
+            out = Some(body(tx)?);
+            Ok(())
+        })?;
+        out.ok_or_else(|| unreachable_store(op))
+    }
+
+    /// [`Store::read_dyn`] returning the body's value.
+    pub fn read<T>(&mut self, op: &str, body: impl FnOnce(&dyn Tx) -> Result<T>) -> Result<T> {
+        let mut body = Some(body);
+        let mut out = None;
+        self.read_dyn(op, &mut |tx| {
+            if let Some(f) = body.take() {
+                out = Some(f(tx)?);
+            }
+            Ok(())
+        })?;
+        out.ok_or_else(|| unreachable_store(op))
+    }
+}
+
+/// The ledger error for a failed statement of operation `op` on database `label`: conditions
+/// with an explanation keep it; anything else is named as unexpected, with the backend's text.
+pub fn ledger_error(op: &str, label: &str, err: &DbError) -> LedgerError {
+    let message = match err.kind {
+        DbErrorKind::Unavailable | DbErrorKind::Busy => err.message.clone(),
+        _ => format!(
+            "unexpected database error while {op} on {label}: {}",
+            err.message
+        ),
+    };
+    LedgerError::Store {
+        operation: op.to_owned(),
+        message,
+    }
+}
+
+fn unreachable_store(op: &str) -> LedgerError {
+    LedgerError::Store {
+        operation: op.to_owned(),
+        message: "the store ended a transaction without running it".into(),
+    }
+}
+
+/// A small xorshift for retry jitter: no dependency, seeded per call from the clock and pid.
+pub(crate) fn jitter_ms(seed: &mut u64, max: u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    1 + *seed % max.max(1)
+}
+
+/// A jitter seed for one operation.
+pub(crate) fn jitter_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::from(d.subsec_nanos()));
+    (nanos | 1) ^ (u64::from(std::process::id()) << 32)
 }

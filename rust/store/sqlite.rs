@@ -3,15 +3,19 @@
 //! `rusqlite::Error` becomes a [`LedgerError`].
 
 mod checkpoint;
-pub mod sql;
 
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use rusqlite::config::DbConfig;
-use rusqlite::{Connection, ErrorCode, OpenFlags, Params, Row};
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use crate::errors::{LedgerError, Result};
-use crate::store::{migrate, OpenOptions};
+use crate::store::{
+    jitter_ms, jitter_seed, ledger_error, migrate, Backend, DbError, DbErrorKind, DbResult,
+    OpenOptions, Pragmas, Row, Sql, SqlValue, Store, ToSql,
+};
 use checkpoint::Checkpointer;
 
 /// Prepared statements kept per connection: every hot statement stays compiled.
@@ -20,21 +24,6 @@ const STATEMENT_CACHE: usize = 128;
 /// Retries of a busy `BEGIN IMMEDIATE`/`COMMIT` after SQLite's own busy handler gave up, while
 /// time remains in the busy budget.
 const MAX_BUSY_RETRIES: u32 = 8;
-
-/// What the connection's settings read back as.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pragmas {
-    /// `wal` for files, `memory` for `:memory:`.
-    pub journal_mode: String,
-    /// `normal` or `full`.
-    pub synchronous: String,
-    /// Milliseconds.
-    pub busy_timeout: i64,
-    /// Always true.
-    pub foreign_keys: bool,
-    /// The schema version after migrations.
-    pub schema_version: i64,
-}
 
 /// One SQLite connection with its settings checked.
 pub struct SqliteStore {
@@ -58,44 +47,57 @@ impl std::fmt::Debug for SqliteStore {
 /// [`LedgerError::StoreBusy`] once retries run out (the caller decides); everything else is a
 /// [`LedgerError::Store`] that names the operation and the database.
 pub fn store_error(operation: &str, label: &str, err: &rusqlite::Error) -> LedgerError {
-    let message = match err.sqlite_error_code() {
-        Some(ErrorCode::NotADatabase) => format!(
-            "{label} is not a fencepost database (not SQLite); point fencepost at a new file"
-        ),
-        Some(ErrorCode::CannotOpen) => {
-            format!("cannot open {label}: check that its directory exists and is writable")
+    ledger_error(operation, label, &classify(label, err))
+}
+
+/// Classify a rusqlite error; the conditions a user can act on get their explanation here.
+pub fn classify(label: &str, err: &rusqlite::Error) -> DbError {
+    if let rusqlite::Error::SqliteFailure(f, Some(msg)) = err {
+        if f.code == ErrorCode::ConstraintViolation && msg.contains("UNIQUE") {
+            return DbError::new(
+                DbErrorKind::Unique {
+                    target: msg.clone(),
+                },
+                msg.clone(),
+            );
         }
-        Some(ErrorCode::DatabaseCorrupt) => {
-            format!("{label} is corrupt; run `fencepost doctor` and restore it from a backup")
-        }
-        Some(ErrorCode::DiskFull) => format!("the disk holding {label} is full"),
-        Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => {
-            format!("{label} is read-only here; check the file's permissions")
-        }
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
-            format!("{label} stayed locked by another writer")
-        }
-        _ => format!("unexpected database error while {operation} on {label}: {err}"),
-    };
-    LedgerError::Store {
-        operation: operation.to_owned(),
-        message,
     }
-}
-
-fn is_busy(err: &rusqlite::Error) -> bool {
-    matches!(
-        err.sqlite_error_code(),
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
-    )
-}
-
-/// A small xorshift for retry jitter: no dependency, seeded per call from the clock.
-fn jitter_ms(seed: &mut u64, max: u64) -> u64 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    1 + *seed % max.max(1)
+    if matches!(
+        err,
+        rusqlite::Error::InvalidColumnType(..) | rusqlite::Error::FromSqlConversionFailure(..)
+    ) {
+        return DbError::new(DbErrorKind::Type, err.to_string());
+    }
+    let (kind, message) = match err.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => (
+            DbErrorKind::Unavailable,
+            format!(
+                "{label} is not a fencepost database (not SQLite); point fencepost at a new file"
+            ),
+        ),
+        Some(ErrorCode::CannotOpen) => (
+            DbErrorKind::Unavailable,
+            format!("cannot open {label}: check that its directory exists and is writable"),
+        ),
+        Some(ErrorCode::DatabaseCorrupt) => (
+            DbErrorKind::Unavailable,
+            format!("{label} is corrupt; run `fencepost doctor` and restore it from a backup"),
+        ),
+        Some(ErrorCode::DiskFull) => (
+            DbErrorKind::Unavailable,
+            format!("the disk holding {label} is full"),
+        ),
+        Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => (
+            DbErrorKind::Unavailable,
+            format!("{label} is read-only here; check the file's permissions"),
+        ),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => (
+            DbErrorKind::Busy,
+            format!("{label} stayed locked by another writer"),
+        ),
+        _ => (DbErrorKind::Other, err.to_string()),
+    };
+    DbError::new(kind, message)
 }
 
 /// Process-wide SQLite settings, applied once before the first connection (they are refused
@@ -269,23 +271,64 @@ impl SqliteStore {
         run().map_err(|e| store_error("checking integrity", &self.label, &e))
     }
 
-    /// The database's name in messages.
-    pub fn label(&self) -> &str {
+    fn try_write(
+        &mut self,
+        op: &str,
+        body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
+    ) -> std::result::Result<(), Attempt> {
+        let tx = Tx {
+            inner: &self.conn,
+            label: &self.label,
+            op,
+            retry: Cell::new(false),
+        };
+        // BEGIN/COMMIT go through the statement cache too: preparing them afresh for every
+        // transaction (as rusqlite's `Transaction` does) costs as much as a small write.
+        tx.control("BEGIN IMMEDIATE")
+            .map_err(|e| Attempt::from_sqlite(op, &self.label, &e))?;
+        match body(&tx) {
+            Ok(()) => match tx.control("COMMIT") {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    tx.rollback();
+                    Err(Attempt::from_sqlite(op, &self.label, &e))
+                }
+            },
+            // A refused operation rolls back: nothing it wrote before refusing survives.
+            Err(e) => {
+                tx.rollback();
+                if tx.retry.get() {
+                    Err(Attempt::Busy)
+                } else {
+                    Err(Attempt::Failed(e))
+                }
+            }
+        }
+    }
+}
+
+impl Store for SqliteStore {
+    fn backend(&self) -> Backend {
+        Backend::Sqlite
+    }
+
+    fn label(&self) -> &str {
         &self.label
     }
 
-    /// Run `body` in one `BEGIN IMMEDIATE` transaction: committed if it returns `Ok`, rolled
-    /// back (nothing written) if it returns `Err`. A busy `BEGIN` or `COMMIT` is retried with
-    /// jitter while the busy budget lasts, then reported as `StoreBusy`. `op` names the
-    /// operation in error messages.
-    pub fn write<T>(&mut self, op: &str, mut body: impl FnMut(&Tx<'_>) -> Result<T>) -> Result<T> {
+    /// One `BEGIN IMMEDIATE` transaction. A busy `BEGIN` or `COMMIT` is retried with jitter
+    /// while the busy budget lasts, then reported as `StoreBusy`.
+    fn write_dyn(
+        &mut self,
+        op: &str,
+        body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
+    ) -> Result<()> {
         let started = Instant::now();
         let budget = Duration::from_millis(self.busy_timeout_ms);
         let mut retries = 0u32;
-        let mut seed = u64::from(started.elapsed().subsec_nanos()) | 1;
-        seed ^= u64::from(std::process::id()) << 32;
+        let mut seed = jitter_seed();
         loop {
-            match self.try_write(op, &mut body) {
+            match self.try_write(op, body) {
                 Err(Attempt::Busy) => {
                     let waited = started.elapsed();
                     if retries >= MAX_BUSY_RETRIES || waited >= budget {
@@ -299,53 +342,37 @@ impl SqliteStore {
                     std::thread::sleep(Duration::from_millis(jitter_ms(&mut seed, cap)));
                 }
                 Err(Attempt::Failed(e)) => return Err(e),
-                Ok(v) => return Ok(v),
+                Ok(()) => return Ok(()),
             }
         }
     }
 
-    fn try_write<T>(
+    /// A deferred (read) transaction: one consistent WAL snapshot.
+    fn read_dyn(
         &mut self,
         op: &str,
-        body: &mut impl FnMut(&Tx<'_>) -> Result<T>,
-    ) -> Result<T, Attempt> {
+        body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
+    ) -> Result<()> {
         let tx = Tx {
             inner: &self.conn,
             label: &self.label,
             op,
+            retry: Cell::new(false),
         };
-        // BEGIN/COMMIT go through the statement cache too: preparing them afresh for every
-        // transaction (as rusqlite's `Transaction` does) costs as much as a small write.
-        tx.control("BEGIN IMMEDIATE")
-            .map_err(|e| Attempt::from_sqlite(op, &self.label, &e))?;
-        match body(&tx) {
-            Ok(value) => match tx.control("COMMIT") {
-                Ok(()) => Ok(value),
-                Err(e) => {
-                    tx.rollback();
-                    Err(Attempt::from_sqlite(op, &self.label, &e))
-                }
-            },
-            // A refused operation rolls back: nothing it wrote before refusing survives.
-            Err(e) => {
-                tx.rollback();
-                Err(Attempt::Failed(e))
-            }
-        }
-    }
-
-    /// Run `body` in a deferred (read) transaction: one consistent WAL snapshot.
-    pub fn read<T>(&mut self, op: &str, body: impl FnOnce(&Tx<'_>) -> Result<T>) -> Result<T> {
-        let tx = Tx {
-            inner: &self.conn,
-            label: &self.label,
-            op,
-        };
-        tx.control("BEGIN").map_err(|e| tx.fail(&e))?;
+        tx.control("BEGIN")
+            .map_err(|e| store_error(op, &self.label, &e))?;
         let out = body(&tx);
         // A read transaction has nothing to keep; ending it releases the snapshot either way.
         tx.rollback();
         out
+    }
+
+    fn pragmas(&mut self) -> Result<Pragmas> {
+        SqliteStore::pragmas(self)
+    }
+
+    fn integrity_check(&mut self) -> Result<Vec<String>> {
+        SqliteStore::integrity_check(self)
     }
 }
 
@@ -355,6 +382,8 @@ pub struct Tx<'a> {
     inner: &'a Connection,
     label: &'a str,
     op: &'a str,
+    /// Set when a statement failed on a busy lock: the write is retried as a whole.
+    retry: Cell<bool>,
 }
 
 impl Tx<'_> {
@@ -370,60 +399,101 @@ impl Tx<'_> {
         }
     }
 
-    /// The error for a failed statement of this operation.
-    pub fn fail(&self, err: &rusqlite::Error) -> LedgerError {
-        store_error(self.op, self.label, err)
+    fn classify(&self, err: &rusqlite::Error) -> DbError {
+        let e = classify(self.label, err);
+        if e.kind == DbErrorKind::Busy {
+            self.retry.set(true);
+        }
+        e
     }
 
-    /// Execute a statement; the number of rows changed.
-    pub fn exec(&self, sql: &str, params: impl Params) -> Result<usize> {
-        self.exec_raw(sql, params).map_err(|e| self.fail(&e))
-    }
-
-    /// Execute a statement, leaving constraint violations for the caller to interpret.
-    pub fn exec_raw(&self, sql: &str, params: impl Params) -> rusqlite::Result<usize> {
-        self.inner.prepare_cached(sql)?.execute(params)
-    }
-
-    /// The first row, if any.
-    pub fn row<T>(
+    fn bind(
         &self,
-        sql: &str,
-        params: impl Params,
-        map: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
-    ) -> Result<Option<T>> {
-        let run = || -> rusqlite::Result<Option<T>> {
-            let mut stmt = self.inner.prepare_cached(sql)?;
-            let mut rows = stmt.query(params)?;
-            match rows.next()? {
-                Some(row) => map(row).map(Some),
-                None => Ok(None),
-            }
-        };
-        run().map_err(|e| self.fail(&e))
-    }
-
-    /// Every row.
-    pub fn rows<T>(
-        &self,
-        sql: &str,
-        params: impl Params,
-        map: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
-    ) -> Result<Vec<T>> {
-        let run = || -> rusqlite::Result<Vec<T>> {
-            let mut stmt = self.inner.prepare_cached(sql)?;
-            let rows = stmt.query_map(params, map)?;
-            rows.collect()
-        };
-        run().map_err(|e| self.fail(&e))
+        sql: &Sql,
+        params: &[&dyn ToSql],
+    ) -> rusqlite::Result<rusqlite::CachedStatement<'_>> {
+        let mut stmt = self.inner.prepare_cached(sql.sqlite)?;
+        for (i, p) in params.iter().enumerate() {
+            stmt.raw_bind_parameter(i + 1, Bind(p.to_sql()))?;
+        }
+        Ok(stmt)
     }
 }
 
-/// Whether `err` is a UNIQUE violation naming `index` (SQLite reports the index's columns, so
-/// callers pass a column list such as `"runs.scope_key, runs.workflow_ref"`).
-pub fn is_unique_violation(err: &rusqlite::Error, columns: &str) -> bool {
-    matches!(err, rusqlite::Error::SqliteFailure(f, Some(msg))
-        if f.code == ErrorCode::ConstraintViolation && msg.contains("UNIQUE") && msg.contains(columns))
+/// A parameter as rusqlite binds it: borrowed, no copy.
+struct Bind<'a>(SqlValue<'a>);
+
+impl rusqlite::ToSql for Bind<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self.0 {
+            SqlValue::Null => ValueRef::Null,
+            SqlValue::Int(v) => ValueRef::Integer(v),
+            SqlValue::Text(s) => ValueRef::Text(s.as_bytes()),
+            SqlValue::Blob(b) => ValueRef::Blob(b),
+        }))
+    }
+}
+
+/// A rusqlite row behind the neutral [`Row`].
+struct SqliteRow<'a, 'b>(&'a rusqlite::Row<'b>);
+
+impl Row for SqliteRow<'_, '_> {
+    fn value(&self, index: usize) -> DbResult<SqlValue<'_>> {
+        let v = self
+            .0
+            .get_ref(index)
+            .map_err(|e| DbError::new(DbErrorKind::Type, e.to_string()))?;
+        Ok(match v {
+            ValueRef::Null => SqlValue::Null,
+            ValueRef::Integer(i) => SqlValue::Int(i),
+            ValueRef::Text(t) => SqlValue::Text(
+                std::str::from_utf8(t)
+                    .map_err(|e| DbError::new(DbErrorKind::Type, e.to_string()))?,
+            ),
+            ValueRef::Blob(b) => SqlValue::Blob(b),
+            ValueRef::Real(r) => {
+                return Err(DbError::new(
+                    DbErrorKind::Type,
+                    format!("column {index} holds a float ({r})"),
+                ))
+            }
+        })
+    }
+}
+
+impl crate::store::Tx for Tx<'_> {
+    fn backend(&self) -> Backend {
+        Backend::Sqlite
+    }
+
+    fn execute(&self, sql: &Sql, params: &[&dyn ToSql], _interpret: bool) -> DbResult<usize> {
+        let run = || self.bind(sql, params)?.raw_execute();
+        run().map_err(|e| self.classify(&e))
+    }
+
+    fn query(
+        &self,
+        sql: &Sql,
+        params: &[&dyn ToSql],
+        each: &mut dyn FnMut(&dyn Row) -> DbResult<bool>,
+    ) -> DbResult<()> {
+        let mut stmt = self.bind(sql, params).map_err(|e| self.classify(&e))?;
+        let mut rows = stmt.raw_query();
+        while let Some(row) = rows.next().map_err(|e| self.classify(&e))? {
+            if !each(&SqliteRow(row))? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn fail(&self, err: &DbError) -> LedgerError {
+        ledger_error(self.op, self.label, err)
+    }
+
+    fn lock_run(&self, _run_id: &str) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Why one transaction attempt ended.
@@ -436,10 +506,11 @@ enum Attempt {
 
 impl Attempt {
     fn from_sqlite(op: &str, label: &str, err: &rusqlite::Error) -> Self {
-        if is_busy(err) {
+        let e = classify(label, err);
+        if e.kind == DbErrorKind::Busy {
             Self::Busy
         } else {
-            Self::Failed(store_error(op, label, err))
+            Self::Failed(ledger_error(op, label, &e))
         }
     }
 }
@@ -447,7 +518,8 @@ impl Attempt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Durability;
+    use crate::params;
+    use crate::store::{Durability, Sql, Store};
 
     fn temp_path(name: &str) -> String {
         let dir = std::env::temp_dir().join(format!(
@@ -513,12 +585,15 @@ mod tests {
 
     #[test]
     fn refused_body_rolls_back() {
-        let mut store = SqliteStore::open(None, &OpenOptions::default(), 0).unwrap();
+        let mut opened = SqliteStore::open(None, &OpenOptions::default(), 0).unwrap();
+        let store: &mut dyn Store = &mut opened;
         let err = store
             .write("testing", |tx| {
                 tx.exec(
-                    "INSERT INTO blobs(digest, bytes, created_at) VALUES (?1, x'00', 0)",
-                    [format!("sha256:{}", "0".repeat(64))],
+                    &Sql::same(
+                        "INSERT INTO blobs(digest, bytes, created_at) VALUES (?1, x'00', 0)",
+                    ),
+                    params![format!("sha256:{}", "0".repeat(64))],
                 )
                 .unwrap();
                 Err::<(), _>(LedgerError::invalid("x", "refused"))
@@ -527,7 +602,9 @@ mod tests {
         assert_eq!(err, LedgerError::invalid("x", "refused"));
         let n: Option<i64> = store
             .read("counting", |tx| {
-                tx.row("SELECT count(*) FROM blobs", [], |r| r.get(0))
+                tx.row(&Sql::same("SELECT count(*) FROM blobs"), params![], |r| {
+                    r.get(0)
+                })
             })
             .unwrap();
         assert_eq!(n, Some(0));
@@ -535,12 +612,15 @@ mod tests {
 
     #[test]
     fn check_constraints_hold() {
-        let mut store = SqliteStore::open(None, &OpenOptions::default(), 0).unwrap();
+        let mut opened = SqliteStore::open(None, &OpenOptions::default(), 0).unwrap();
+        let store: &mut dyn Store = &mut opened;
         let r = store.write("testing", |tx| {
             tx.exec(
-                "INSERT INTO runs(run_id, workflow_ref, workflow_name, status, created_at, \
-                 updated_at) VALUES ('r', 'w', 'w', 'exploded', 0, 0)",
-                [],
+                &Sql::same(
+                    "INSERT INTO runs(run_id, workflow_ref, workflow_name, status, created_at, \
+                     updated_at) VALUES ('r', 'w', 'w', 'exploded', 0, 0)",
+                ),
+                params![],
             )
         });
         assert!(matches!(r, Err(LedgerError::Store { .. })));
@@ -553,7 +633,8 @@ mod tests {
             busy_timeout_ms: 50,
             ..OpenOptions::default()
         };
-        let mut store = SqliteStore::open(Some(&path), &opts, 0).unwrap();
+        let mut opened = SqliteStore::open(Some(&path), &opts, 0).unwrap();
+        let store: &mut dyn Store = &mut opened;
         let other = Connection::open(&path).unwrap();
         other.execute_batch("BEGIN IMMEDIATE").unwrap();
         let err = store.write("testing", |_| Ok(())).unwrap_err();

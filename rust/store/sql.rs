@@ -1,0 +1,381 @@
+//! Every SQL statement of the ledger operations, named after the operation that runs it
+//! (STYLE §2). Each one is prepared once per connection (statement cache). Lists are passed as
+//! one JSON array parameter and read with `json_each`, so a statement never changes shape with
+//! the number of refs or types and stays cached.
+
+use crate::store::Sql;
+
+// ------------------------------------------------------------------ blobs
+
+/// Content addressing makes a second insert of the same digest a no-op.
+pub const PUT_BLOB_SQL: Sql = Sql::same(
+    "INSERT INTO blobs(digest, bytes, created_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+);
+pub const GET_BLOB_SQL: Sql = Sql::same("SELECT bytes FROM blobs WHERE digest = ?1");
+
+// ------------------------------------------------------------------ events
+
+/// Every event takes its run's next revision, read from the last entry of the
+/// `(resource_id, revision)` index (one B-tree descent, no row written to `runs`): the write
+/// lock of the IMMEDIATE transaction makes max + 1 race-free, and `UNIQUE(resource_id,
+/// revision)` proves one event per revision even if it were not.
+///
+/// PostgreSQL: the caller holds the run's row lock (`Tx::lock_run`), taken by an earlier
+/// statement, so this statement's snapshot already sees the previous writer's events; the casts
+/// type the parameters, which a SELECT list does not.
+pub const INSERT_EVENT_SQL: Sql = Sql::split(
+    "INSERT INTO events(resource_id, revision, type, actor_type,
+    actor_id, generation, payload, idempotency_key, ts)
+    SELECT ?1, coalesce(max(revision), 0) + 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
+    FROM events WHERE resource_id = ?1
+    RETURNING revision",
+    "INSERT INTO events(resource_id, revision, type, actor_type,
+    actor_id, generation, payload, idempotency_key, ts)
+    SELECT CAST(?1 AS TEXT), coalesce(max(revision), 0) + 1, CAST(?2 AS TEXT),
+      CAST(?3 AS TEXT), CAST(?4 AS TEXT), CAST(?5 AS BIGINT), CAST(?6 AS TEXT),
+      CAST(?7 AS TEXT), CAST(?8 AS BIGINT)
+    FROM events WHERE resource_id = ?1
+    RETURNING revision",
+);
+/// `?2 IS NULL` / `?3 IS NULL` switch the filters off without changing the statement.
+pub const LIST_EVENTS_SQL: Sql = Sql::split(
+    "SELECT seq, resource_id, revision, type, actor_type, actor_id,
+    generation, payload, ts FROM events
+    WHERE seq > ?1 AND (?2 IS NULL OR resource_id = ?2)
+      AND (?3 IS NULL OR type IN (SELECT value FROM json_each(?3)))
+    ORDER BY seq LIMIT ?4",
+    "SELECT seq, resource_id, revision, type, actor_type, actor_id,
+    generation, payload, ts FROM events
+    WHERE seq > ?1 AND (CAST(?2 AS TEXT) IS NULL OR resource_id = ?2)
+      AND (CAST(?3 AS TEXT) IS NULL
+           OR type IN (SELECT jsonb_array_elements_text(CAST(?3 AS TEXT)::jsonb)))
+    ORDER BY seq LIMIT ?4",
+);
+
+// ------------------------------------------------------------------ runs
+
+/// The columns of a `Run`, with params and outputs joined from their blobs.
+macro_rules! run_select {
+    () => {
+        "SELECT r.run_id, r.workflow_ref, r.workflow_name, r.scope_key, r.status,
+            r.current_step_id, r.parent_run_id, r.parent_unit_id, r.invocation_key,
+            r.origin_session_id, p.bytes, o.bytes,
+            (SELECT coalesce(max(e.revision), 0) FROM events e WHERE e.resource_id = r.run_id),
+            r.created_at, r.updated_at,
+            r.completed_at
+         FROM runs r LEFT JOIN blobs p ON p.digest = r.params
+                     LEFT JOIN blobs o ON o.digest = r.outputs "
+    };
+}
+
+pub const GET_RUN_SQL: Sql = Sql::same(concat!(run_select!(), "WHERE r.run_id = ?1"));
+pub const RUN_STATUS_SQL: Sql = Sql::same(
+    "SELECT status, current_step_id, scope_key, workflow_ref FROM runs WHERE run_id = ?1",
+);
+/// The run's row lock (`Tx::lock_run`). SQLite needs none: its IMMEDIATE transaction holds the
+/// database's one write lock.
+pub const LOCK_RUN_SQL: Sql = Sql::split("", "SELECT 1 FROM runs WHERE run_id = ?1 FOR UPDATE");
+pub const RUN_EXISTS_SQL: Sql = Sql::same("SELECT 1 FROM runs WHERE run_id = ?1");
+
+/// The start guard, read inside the IMMEDIATE transaction; the partial unique index
+/// `runs_scope_guard` is what makes it race-proof for the run's own ref.
+pub const START_RUN_GUARD_SQL: Sql = Sql::split(
+    "SELECT run_id FROM runs
+    WHERE parent_run_id IS NULL AND status = 'active' AND scope_key = ?1
+      AND workflow_ref IN (SELECT value FROM json_each(?2))
+    ORDER BY updated_at DESC, created_at DESC LIMIT 1",
+    "SELECT run_id FROM runs
+    WHERE parent_run_id IS NULL AND status = 'active' AND scope_key = ?1
+      AND workflow_ref IN (SELECT jsonb_array_elements_text(CAST(?2 AS TEXT)::jsonb))
+    ORDER BY updated_at DESC, created_at DESC LIMIT 1",
+);
+/// A run has revision 0 until its first event (`run.started`) is appended.
+pub const START_RUN_INSERT_SQL: Sql = Sql::same(
+    "INSERT INTO runs(run_id, workflow_ref, workflow_name,
+    scope_key, guarded, status, params, plan, plan_version, current_step_id, parent_run_id,
+    parent_unit_id, invocation_key, agent_harness, agent_session_id, created_at,
+    updated_at) VALUES (?1, ?2, ?3, ?4, ?5, 'active', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
+    ?15, ?15)",
+);
+pub const START_RUN_STEP_SQL: Sql = Sql::same(
+    "INSERT INTO steps(run_id, step_id, title, instructions,
+    completion, sequence_index, status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+);
+
+pub const PUBLISH_CHILD_RUN_FIND_SQL: Sql =
+    Sql::same("SELECT run_id FROM runs WHERE parent_run_id = ?1 AND invocation_key = ?2");
+pub const PARENT_SCOPE_SQL: Sql = Sql::same("SELECT scope_key FROM runs WHERE run_id = ?1");
+
+/// `%`, `_` and `\` are escaped by the caller, so the prefix matches literally.
+pub const RESOLVE_RUN_ID_SQL: Sql =
+    Sql::same("SELECT run_id FROM runs WHERE run_id LIKE ?1 ESCAPE '\\' ORDER BY run_id LIMIT 100");
+
+/// Flags switch each filter off: ?1 all scopes, ?2 the scope (`IS` matches NULL too), ?3 the
+/// refs (NULL = any), ?4 active only, ?5 include children.
+pub const LIST_RUNS_SQL: Sql = Sql::split(
+    concat!(
+        run_select!(),
+        "WHERE (?1 = 1 OR r.scope_key IS ?2)
+       AND (?3 IS NULL OR r.workflow_ref IN (SELECT value FROM json_each(?3)))
+       AND (?4 = 0 OR r.status = 'active')
+       AND (?5 = 1 OR r.parent_run_id IS NULL)
+     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id DESC"
+    ),
+    concat!(
+        run_select!(),
+        "WHERE (CAST(?1 AS BIGINT) = 1 OR r.scope_key IS NOT DISTINCT FROM CAST(?2 AS TEXT))
+       AND (CAST(?3 AS TEXT) IS NULL
+            OR r.workflow_ref IN (SELECT jsonb_array_elements_text(CAST(?3 AS TEXT)::jsonb)))
+       AND (CAST(?4 AS BIGINT) = 0 OR r.status = 'active')
+       AND (CAST(?5 AS BIGINT) = 1 OR r.parent_run_id IS NULL)
+     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id DESC"
+    ),
+);
+/// ?3 = 0: in this scope; ?3 = 1: in any other scope or none (a same-scope row can never mask
+/// another scope's run, akm #942).
+pub const FIND_ACTIVE_RUN_SQL: Sql = Sql::split(
+    concat!(
+        run_select!(),
+        "WHERE r.parent_run_id IS NULL AND r.status = 'active'
+       AND r.workflow_ref IN (SELECT value FROM json_each(?1))
+       AND CASE WHEN ?3 = 1 THEN (r.scope_key IS NULL OR r.scope_key <> ?2)
+                ELSE r.scope_key = ?2 END
+     ORDER BY r.updated_at DESC, r.created_at DESC LIMIT 1"
+    ),
+    concat!(
+        run_select!(),
+        "WHERE r.parent_run_id IS NULL AND r.status = 'active'
+       AND r.workflow_ref IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb))
+       AND CASE WHEN CAST(?3 AS BIGINT) = 1
+                THEN (r.scope_key IS NULL OR r.scope_key <> CAST(?2 AS TEXT))
+                ELSE r.scope_key = CAST(?2 AS TEXT) END
+     ORDER BY r.updated_at DESC, r.created_at DESC LIMIT 1"
+    ),
+);
+pub const FIND_SCOPE_OCCUPANT_SQL: Sql = Sql::same(concat!(
+    run_select!(),
+    "WHERE r.parent_run_id IS NULL AND r.status IN ('active', 'blocked') AND r.scope_key = ?1
+     ORDER BY r.updated_at DESC, r.created_at DESC LIMIT 1"
+));
+pub const CHILD_RUNS_SQL: Sql = Sql::same(concat!(
+    run_select!(),
+    "WHERE r.parent_run_id = ?1 ORDER BY r.created_at, r.run_id"
+));
+
+pub const LIST_STEPS_SQL: Sql = Sql::same(
+    "SELECT run_id, step_id, title, instructions, sequence_index,
+    status, notes, evidence, summary, completed_at FROM steps WHERE run_id = ?1
+    ORDER BY sequence_index",
+);
+pub const STEP_STATUS_SQL: Sql =
+    Sql::same("SELECT status, sequence_index FROM steps WHERE run_id = ?1 AND step_id = ?2");
+pub const COMPLETE_STEP_SQL: Sql = Sql::same(
+    "UPDATE steps SET status = ?3, notes = ?4, evidence = ?5,
+    summary = ?6, completed_at = ?7 WHERE run_id = ?1 AND step_id = ?2",
+);
+pub const NEXT_STEP_SQL: Sql = Sql::same(
+    "SELECT step_id FROM steps WHERE run_id = ?1
+    AND sequence_index > ?2 ORDER BY sequence_index LIMIT 1",
+);
+pub const ACTIVATE_STEP_SQL: Sql = Sql::same(
+    "UPDATE steps SET status = 'active', notes = NULL,
+    evidence = NULL, completed_at = NULL WHERE run_id = ?1 AND step_id = ?2",
+);
+pub const BLOCK_STEP_SQL: Sql =
+    Sql::same("UPDATE steps SET status = 'blocked', notes = ?3 WHERE run_id = ?1 AND step_id = ?2");
+/// `resume_run` reopens the current step only if it is blocked or failed (akm's rule).
+pub const REOPEN_STEP_SQL: Sql = Sql::same(
+    "UPDATE steps SET status = 'active', notes = NULL,
+    evidence = NULL, completed_at = NULL
+    WHERE run_id = ?1 AND step_id = ?2 AND status IN ('blocked', 'failed')",
+);
+
+/// Every status change goes through this one statement; `completed_at` follows the status so
+/// the table's CHECK (terminal iff `completed_at`) holds.
+pub const SET_RUN_STATUS_SQL: Sql = Sql::same(
+    "UPDATE runs SET status = ?2, current_step_id = ?3,
+    updated_at = ?4,
+    completed_at = CASE WHEN ?2 IN ('completed', 'failed', 'cancelled') THEN ?4 END
+    WHERE run_id = ?1",
+);
+pub const SET_OUTPUTS_SQL: Sql =
+    Sql::same("UPDATE runs SET outputs = ?2, updated_at = ?3 WHERE run_id = ?1");
+
+// ------------------------------------------------------------------ attempts
+
+pub const LATEST_ATTEMPT_SQL: Sql = Sql::same(
+    "SELECT attempt, dispatch_id, status, step_id, input_hash
+    FROM attempts WHERE run_id = ?1 AND unit_id = ?2 ORDER BY attempt DESC LIMIT 1",
+);
+/// A reclaim keeps the attempt number and dispatch id; it only records who holds it now.
+/// A reclaim under a claim records the reclaimer's generation (the claim epoch of `PRIOR_ART`
+/// C1.6): the dispatch id stays, and the attempt says which owner handed it out last.
+pub const RECLAIM_ATTEMPT_SQL: Sql = Sql::same(
+    "UPDATE attempts SET reclaims = reclaims + 1,
+    holder = coalesce(?4, holder), lease_generation = coalesce(?5, lease_generation)
+    WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3
+    RETURNING reclaims, lease_generation",
+);
+/// Only when the holder changes: SQLite rewrites a row's page even when an UPDATE leaves every
+/// value as it was, and that page is one more WAL frame for the commit.
+pub const RECLAIM_UNIT_SQL: Sql = Sql::split(
+    "UPDATE units SET claim_holder = ?3
+    WHERE run_id = ?1 AND unit_id = ?2 AND ?3 IS NOT NULL AND claim_holder IS NOT ?3",
+    "UPDATE units SET claim_holder = ?3
+    WHERE run_id = ?1 AND unit_id = ?2 AND CAST(?3 AS TEXT) IS NOT NULL
+      AND claim_holder IS DISTINCT FROM CAST(?3 AS TEXT)",
+);
+/// The projection follows the newest attempt: every column is overwritten and the previous
+/// attempt's result cleared (`PRIOR_ART` A3 `reserveUnitAttempt` step 4).
+pub const RESERVE_ATTEMPT_UNIT_SQL: Sql = Sql::same(
+    "INSERT INTO units(run_id, unit_id, step_id, node_id,
+    parent_unit_id, phase, runner, engine, model, input_hash, worktree_path, status, claim_holder,
+    attempts, first_started_at, started_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'running', ?12, ?13, ?14, ?14)
+    ON CONFLICT(run_id, unit_id) DO UPDATE SET step_id = excluded.step_id,
+      node_id = excluded.node_id, parent_unit_id = excluded.parent_unit_id,
+      phase = excluded.phase, runner = excluded.runner, engine = excluded.engine,
+      model = excluded.model, input_hash = excluded.input_hash,
+      worktree_path = excluded.worktree_path, status = 'running',
+      claim_holder = excluded.claim_holder, attempts = excluded.attempts,
+      started_at = excluded.started_at, result = NULL, tokens = NULL, failure_reason = NULL,
+      session_id = NULL, finished_at = NULL",
+);
+pub const RESERVE_ATTEMPT_INSERT_SQL: Sql = Sql::same(
+    "INSERT INTO attempts(run_id, unit_id, attempt,
+    dispatch_id, step_id, node_id, phase, input_hash, status, holder, lease_generation,
+    started_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'running', ?9, ?10, ?11)",
+);
+
+/// The finish compare-and-set (DESIGN §1.2): only a still-running attempt with this exact
+/// dispatch id changes; a duplicate or late callback matches no row.
+pub const FINISH_ATTEMPT_SQL: Sql = Sql::same(
+    "UPDATE attempts SET status = ?5, result = ?6, tokens = ?7,
+    failure_reason = ?8, session_id = ?9, finished_at = ?10
+    WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3 AND dispatch_id = ?4
+      AND status = 'running'
+    RETURNING step_id, phase",
+);
+/// Guarded on the attempt number: the projection must still show this attempt.
+pub const FINISH_ATTEMPT_UNIT_SQL: Sql = Sql::same(
+    "UPDATE units SET status = ?4, result = ?5, tokens = ?6,
+    failure_reason = ?7, session_id = ?8, finished_at = ?9
+    WHERE run_id = ?1 AND unit_id = ?2 AND attempts = ?3 AND status = 'running'",
+);
+
+pub const LIST_ATTEMPTS_SQL: Sql = Sql::same(
+    "SELECT run_id, unit_id, attempt, dispatch_id, status, phase,
+    holder, lease_generation, reclaims, result, tokens, failure_reason, started_at, finished_at
+    FROM attempts WHERE run_id = ?1 AND unit_id = ?2 ORDER BY attempt",
+);
+/// ?2 NULL = every step.
+pub const LIST_UNITS_SQL: Sql = Sql::same(
+    "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder FROM units
+    WHERE run_id = ?1 AND (CAST(?2 AS TEXT) IS NULL OR step_id = ?2)
+    ORDER BY first_started_at, unit_id",
+);
+pub const GET_UNIT_SQL: Sql = Sql::same(
+    "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder FROM units WHERE run_id = ?1 AND unit_id = ?2",
+);
+/// Unfinished attempts count as attempts; NULL tokens count as 0 (akm's accounting).
+/// PostgreSQL sums BIGINTs into NUMERIC: cast back, the totals fit.
+pub const ACCOUNTING_SQL: Sql = Sql::split(
+    "SELECT count(*), coalesce(sum(tokens), 0),
+    coalesce(sum(phase = 'unit'), 0), coalesce(sum(CASE WHEN phase = 'unit' THEN tokens END), 0),
+    coalesce(sum(phase = 'gate'), 0), coalesce(sum(CASE WHEN phase = 'gate' THEN tokens END), 0)
+    FROM attempts WHERE run_id = ?1",
+    "SELECT count(*), CAST(coalesce(sum(tokens), 0) AS BIGINT),
+    count(*) FILTER (WHERE phase = 'unit'),
+    CAST(coalesce(sum(tokens) FILTER (WHERE phase = 'unit'), 0) AS BIGINT),
+    count(*) FILTER (WHERE phase = 'gate'),
+    CAST(coalesce(sum(tokens) FILTER (WHERE phase = 'gate'), 0) AS BIGINT)
+    FROM attempts WHERE run_id = ?1",
+);
+
+// ------------------------------------------------------------------ leases
+
+/// The fence of a claimed write, read inside that write's own transaction.
+pub const FENCE_SQL: Sql = Sql::same(
+    "SELECT generation, token_hash, expires_at, owner_type, owner_id
+    FROM leases WHERE resource_id = ?1",
+);
+pub const LEASE_SQL: Sql = Sql::same(
+    "SELECT generation, owner_id, owner_type, expires_at, heartbeat_at
+    FROM leases WHERE resource_id = ?1",
+);
+/// Runs made by `start_run` get their lease row on first claim; queued runs have it already.
+pub const CREATE_LEASE_SQL: Sql =
+    Sql::same("INSERT INTO leases(resource_id, generation) VALUES (?1, 0) ON CONFLICT DO NOTHING");
+/// The compare-and-set of a claim: `generation = ?2` is the generation read in this same
+/// transaction, so a claim that raced another (on PostgreSQL, where two can read the same row)
+/// changes nothing instead of taking a generation twice.
+pub const CLAIM_SQL: Sql = Sql::same(
+    "UPDATE leases SET generation = generation + 1, owner_type = ?3,
+    owner_id = ?4, token_hash = ?5, acquired_at = ?6, heartbeat_at = ?6, expires_at = ?7
+    WHERE resource_id = ?1 AND generation = ?2",
+);
+/// The fence is repeated in the statement itself (generation, token hash, unexpired), so the
+/// write cannot land on a lease that moved even if the check before it were skipped.
+pub const HEARTBEAT_SQL: Sql = Sql::same(
+    "UPDATE leases SET heartbeat_at = ?2, expires_at = ?3
+    WHERE resource_id = ?1 AND generation = ?4 AND token_hash = ?5 AND expires_at > ?2",
+);
+/// Release clears the owner and keeps the generation: the next claim takes generation + 1.
+pub const RELEASE_SQL: Sql = Sql::same(
+    "UPDATE leases SET owner_type = NULL, owner_id = NULL,
+    token_hash = NULL, acquired_at = NULL, heartbeat_at = NULL, expires_at = NULL
+    WHERE resource_id = ?1 AND generation = ?2 AND token_hash = ?3 AND expires_at > ?4",
+);
+/// `expires_at <= ?1` implies `expires_at IS NOT NULL`, so the partial `leases_expires` index
+/// serves it.
+pub const EXPIRED_LEASES_SQL: Sql = Sql::same(
+    "SELECT l.resource_id, l.generation, l.owner_id,
+    l.owner_type, l.expires_at, l.heartbeat_at
+    FROM leases l JOIN runs r ON r.run_id = l.resource_id
+    WHERE l.expires_at <= ?1 AND r.status NOT IN ('completed', 'failed', 'cancelled')
+    ORDER BY l.expires_at, l.resource_id",
+);
+
+// ------------------------------------------------------------------ queue
+
+pub const DEFINITION_INSERT_SQL: Sql = Sql::same(
+    "INSERT INTO definitions(definition_digest,
+    workflow_name, created_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+);
+pub const RESERVE_RUN_INSERT_SQL: Sql = Sql::same(
+    "INSERT INTO runs(run_id, workflow_ref, workflow_name,
+    definition_digest, guarded, status, input, launch_options, source, parent_run_id,
+    origin_session_id, runner_id, created_at, updated_at)
+    VALUES (?1, ?2, ?3, ?4, 0, 'queued', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11)",
+);
+/// What `prepare_or_adopt` compares, plus the status (a terminal run is not adopted).
+pub const PREPARATION_SQL: Sql = Sql::same(
+    "SELECT workflow_name, workflow_ref, definition_digest,
+    origin_session_id, parent_run_id, source, input, launch_options, status
+    FROM runs WHERE run_id = ?1",
+);
+pub const CONTINUATION_PARENT_SQL: Sql =
+    Sql::same("SELECT status, origin_session_id FROM runs WHERE run_id = ?1");
+/// A continuation is a run with this parent that was not published as a child (children carry
+/// an invocation key). Served by `runs_parent`.
+pub const CONTINUATION_OF_SQL: Sql = Sql::same(
+    "SELECT run_id FROM runs WHERE parent_run_id = ?1 AND invocation_key IS NULL LIMIT 1",
+);
+/// A claim moves a queued run to `starting`; any other status is the controller's to change.
+pub const CLAIM_STARTING_SQL: Sql = Sql::same(
+    "UPDATE runs SET status = 'starting', updated_at = ?2 WHERE run_id = ?1 AND status = 'queued'",
+);
+/// One pass over the `unit.started` events into an ephemeral index, then an anti-join: a
+/// correlated lookup per attempt would rescan the run's events for each of them.
+pub const ORPHAN_ATTEMPTS_SQL: Sql = Sql::split(
+    "SELECT run_id, unit_id, attempt, dispatch_id
+    FROM attempts WHERE dispatch_id NOT IN (
+        SELECT json_extract(payload, '$.dispatch_id') FROM events WHERE type = 'unit.started')
+    ORDER BY run_id, unit_id, attempt LIMIT 100",
+    "SELECT run_id, unit_id, attempt, dispatch_id
+    FROM attempts WHERE dispatch_id NOT IN (
+        SELECT CAST(payload AS jsonb) ->> 'dispatch_id' FROM events WHERE type = 'unit.started')
+    ORDER BY run_id, unit_id, attempt LIMIT 100",
+);

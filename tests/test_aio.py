@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
-import pathlib
 import time
 
 import pytest
@@ -29,11 +28,11 @@ def test_every_public_ledger_method_has_a_coroutine() -> None:
             assert getattr(AsyncLedger, name).__doc__ == getattr(fp.Ledger, name).__doc__
 
 
-def test_results_and_errors_match_the_sync_api(tmp_path: pathlib.Path) -> None:
+def test_results_and_errors_match_the_sync_api(target: str) -> None:
     clock = FakeClock()
 
     async def main() -> None:
-        async with await AsyncLedger.open(str(tmp_path / "a.db"), clock=clock) as ledger:
+        async with await AsyncLedger.open(target, clock=clock) as ledger:
             run = await ledger.start_run(
                 "wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True
             )
@@ -63,11 +62,11 @@ def test_results_and_errors_match_the_sync_api(tmp_path: pathlib.Path) -> None:
     asyncio.run(main())
 
 
-def test_the_loop_keeps_ticking_under_thousands_of_calls(tmp_path: pathlib.Path) -> None:
+def test_the_loop_keeps_ticking_under_thousands_of_calls(target: str) -> None:
     units = 3000
 
     async def main() -> tuple[list[float], float, int]:
-        ledger = await AsyncLedger.open(str(tmp_path / "busy.db"))
+        ledger = await AsyncLedger.open(target)
         await ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r", force=True)
         ticks: list[float] = []
         stop = asyncio.Event()

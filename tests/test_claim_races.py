@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
-import pathlib
 import random
 import signal
 import time
@@ -51,8 +50,8 @@ def _claimer(i: int, barrier: Any, queue: Any, path: str, seconds: float) -> Non
     queue.put((i, (wins, refused, errors)))
 
 
-def test_one_winner_per_generation_under_contention(tmp_path: pathlib.Path) -> None:
-    path = str(tmp_path / "race.db")
+def test_one_winner_per_generation_under_contention(target: str) -> None:
+    path = target
     with fp.Ledger.open(path) as ledger:
         for r in range(RUNS):
             ledger.reserve_run(f"run-{r}", **queued(f"run-{r}"))
@@ -86,8 +85,8 @@ def _prepare(i: int, barrier: Any, queue: Any, path: str, run_id: str) -> None:
     queue.put((i, (kind, None if kind != "ok" else (got.state, got.claim is not None))))
 
 
-def test_prepare_or_adopt_race_has_one_claimer(tmp_path: pathlib.Path) -> None:
-    path = str(tmp_path / "prepare.db")
+def test_prepare_or_adopt_race_has_one_claimer(target: str) -> None:
+    path = target
     fp.Ledger.open(path).close()
     for round_ in range(3):
         run_id = f"contested-{round_}"
@@ -128,8 +127,8 @@ def _worker(path: str, seed: int, ready: Any) -> None:
 
 
 @pytest.mark.crash
-def test_sigkill_of_a_claimed_worker_then_takeover(tmp_path: pathlib.Path) -> None:
-    path = str(tmp_path / "takeover.db")
+def test_sigkill_of_a_claimed_worker_then_takeover(target: str) -> None:
+    path = target
     with fp.Ledger.open(path) as ledger:
         ledger.reserve_run("work", **queued("work"))
         first = ledger.claim("work", "host-setup", lease_ms=60_000)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import fencepost as fp
-from tests.conftest import FakeClock, raw_db
+from tests.conftest import FakeClock, pg_connect, pg_schema, raw_db
 
 DEFINITION = {"name": "deploy", "steps": [{"id": "build"}, {"id": "ship"}], "version": 3}
 
@@ -41,24 +41,31 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def db(tmp_path: pathlib.Path) -> pathlib.Path:
-    return tmp_path / "ledger.db"
+def db(target: str) -> str:
+    """The ledger's target on each backend (conftest `target`: a SQLite file or a fresh
+    PostgreSQL schema): every claim and fencing test runs on both."""
+    return target
 
 
 @pytest.fixture
-def ledger(db: pathlib.Path, clock: FakeClock) -> Any:
+def ledger(db: str, clock: FakeClock) -> Any:
     with fp.Ledger.open(str(db), clock=clock) as ledger:
         yield ledger
 
 
-def counts(db: pathlib.Path) -> tuple[int, int, int, int]:
+def counts(db: str) -> tuple[int, int, int, int]:
     """(runs, events, attempts, blobs): what 'nothing written' is checked against."""
+    tables = ("runs", "events", "attempts", "blobs")
+    if db.startswith("postgresql://"):
+        with pg_connect(db) as conn:
+            return tuple(  # type: ignore[return-value]
+                conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables
+            )
     # Closed explicitly: a second SQLite library in this process must not keep the file open
     # (README "Concurrency": POSIX locks are per process).
     with raw_db(db) as c:
         return tuple(  # type: ignore[return-value]
-            c.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-            for t in ("runs", "events", "attempts", "blobs")
+            c.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables
         )
 
 
@@ -74,7 +81,7 @@ def started(ledger: fp.Ledger, run_id: str = "run-1", runner: str = "host-a") ->
 # ------------------------------------------------------------------ reserve_run
 
 
-def test_reserve_run_queues_with_an_unowned_lease(ledger: fp.Ledger, db: pathlib.Path) -> None:
+def test_reserve_run_queues_with_an_unowned_lease(ledger: fp.Ledger, db: str) -> None:
     # PW-01
     run = ledger.reserve_run("run-1", **queued())
     assert run.status == "queued"
@@ -100,7 +107,7 @@ def test_reserve_run_defaults_input_to_null_and_options_to_empty(ledger: fp.Ledg
     assert ledger.get_json(fp.digest({})) == {}
 
 
-def test_definition_digest_is_recomputed_not_trusted(ledger: fp.Ledger, db: pathlib.Path) -> None:
+def test_definition_digest_is_recomputed_not_trusted(ledger: fp.Ledger, db: str) -> None:
     # C3.1(a): a caller-supplied digest that does not match the definition is refused.
     before = counts(db)
     with pytest.raises(fp.InvalidArgument) as err:
@@ -124,8 +131,9 @@ def test_definition_digest_is_recomputed_not_trusted(ledger: fp.Ledger, db: path
     ],
 )
 def test_reserve_run_bad_input_names_the_argument(
-    ledger: fp.Ledger, db: pathlib.Path, overrides: dict[str, Any], argument: str
+    ledger: fp.Ledger, db: str, overrides: dict[str, Any], argument: str
 ) -> None:
+    overrides = dict(overrides)  # the parameter is shared by both backends' runs
     run_id = overrides.pop("run_id", "run-1")
     before = counts(db)
     with pytest.raises(fp.InvalidArgument) as err:
@@ -134,7 +142,7 @@ def test_reserve_run_bad_input_names_the_argument(
     assert counts(db) == before
 
 
-def test_reserve_run_twice_is_refused(ledger: fp.Ledger, db: pathlib.Path) -> None:
+def test_reserve_run_twice_is_refused(ledger: fp.Ledger, db: str) -> None:
     # PW-06: a duplicate id.
     ledger.reserve_run("run-1", **queued())
     before = counts(db)
@@ -168,7 +176,7 @@ def test_continuation_completes_a_parked_parent(ledger: fp.Ledger) -> None:
     assert ledger.events("parent")[-1].payload["continuation_run_id"] == "next"
 
 
-def test_second_continuation_is_refused(ledger: fp.Ledger, db: pathlib.Path) -> None:
+def test_second_continuation_is_refused(ledger: fp.Ledger, db: str) -> None:
     # PW-14 (second half), and C6.2: the reason says "already has a continuation", not the
     # status, and a merely completed parent gets a different reason.
     parked(ledger)
@@ -184,7 +192,7 @@ def test_second_continuation_is_refused(ledger: fp.Ledger, db: pathlib.Path) -> 
 
 @pytest.mark.parametrize("status", ["active", "queued", "completed"])
 def test_continuation_of_a_parent_that_is_not_parked_is_refused(
-    ledger: fp.Ledger, db: pathlib.Path, status: str
+    ledger: fp.Ledger, db: str, status: str
 ) -> None:
     if status == "queued":
         ledger.reserve_run("parent", **queued("parent"))
@@ -202,7 +210,7 @@ def test_continuation_of_a_parent_that_is_not_parked_is_refused(
     assert parent.status == status
 
 
-def test_continuation_from_another_session_is_refused(ledger: fp.Ledger, db: pathlib.Path) -> None:
+def test_continuation_from_another_session_is_refused(ledger: fp.Ledger, db: str) -> None:
     parked(ledger)
     before = counts(db)
     with pytest.raises(fp.ContinuationRefused, match="another session"):
@@ -237,7 +245,7 @@ def test_parked_parent_with_a_live_owner_blocks_until_expiry(
 # ------------------------------------------------------------------ prepare_or_adopt
 
 
-def test_prepare_claims_then_adopts_without_writing(ledger: fp.Ledger, db: pathlib.Path) -> None:
+def test_prepare_claims_then_adopts_without_writing(ledger: fp.Ledger, db: str) -> None:
     # PW-02: the winner claims at generation 1; the loser adopts and changes nothing at all.
     first = ledger.prepare_or_adopt("run-1", **queued(), lease_ms=5000, claim_token="w" * 40)
     assert first.state == "claimed"
@@ -273,7 +281,7 @@ def test_prepare_claims_then_adopts_without_writing(ledger: fp.Ledger, db: pathl
     ],
 )
 def test_prepare_conflict_names_exactly_the_differing_field(
-    ledger: fp.Ledger, db: pathlib.Path, field: str, change: dict[str, Any]
+    ledger: fp.Ledger, db: str, field: str, change: dict[str, Any]
 ) -> None:
     # PW-03, C3.1(d): a typed conflict naming the field; nothing mutated.
     ledger.prepare_or_adopt("run-1", **queued(), lease_ms=5000)
@@ -310,7 +318,7 @@ def test_prepare_refuses_to_adopt_a_terminal_run(ledger: fp.Ledger) -> None:
     assert err.value.status == "cancelled"
 
 
-def test_prepare_with_a_bad_digest_writes_nothing(ledger: fp.Ledger, db: pathlib.Path) -> None:
+def test_prepare_with_a_bad_digest_writes_nothing(ledger: fp.Ledger, db: str) -> None:
     before = counts(db)
     with pytest.raises(fp.InvalidArgument) as err:
         ledger.prepare_or_adopt(
@@ -350,7 +358,7 @@ def test_owner_type_follows_the_runner_id(ledger: fp.Ledger) -> None:
 
 
 def test_claim_is_refused_while_another_owner_is_live(
-    ledger: fp.Ledger, clock: FakeClock, db: pathlib.Path
+    ledger: fp.Ledger, clock: FakeClock, db: str
 ) -> None:
     ledger.reserve_run("run-1", **queued())
     first = ledger.claim("run-1", "host-a", lease_ms=1000)
@@ -463,7 +471,7 @@ def test_a_reused_token_does_not_revive_an_old_generation(
     ledger.heartbeat(new, lease_ms=1000)
 
 
-def test_claim_of_a_terminal_run_is_none(ledger: fp.Ledger, db: pathlib.Path) -> None:
+def test_claim_of_a_terminal_run_is_none(ledger: fp.Ledger, db: str) -> None:
     claim = started(ledger)
     ledger.set_status("run-1", "completed", claim=claim)
     before = counts(db)
@@ -504,9 +512,10 @@ def test_claim_of_a_missing_run_is_run_not_found(ledger: fp.Ledger) -> None:
     ],
 )
 def test_claim_bad_arguments(
-    ledger: fp.Ledger, db: pathlib.Path, kwargs: dict[str, Any], argument: str
+    ledger: fp.Ledger, db: str, kwargs: dict[str, Any], argument: str
 ) -> None:
     ledger.reserve_run("run-1", **queued())
+    kwargs = dict(kwargs)  # the parameter is shared by both backends' runs
     runner = kwargs.pop("runner_id", "host-a")
     before = counts(db)
     with pytest.raises(fp.InvalidArgument) as err:
@@ -516,7 +525,7 @@ def test_claim_bad_arguments(
     assert ledger.lease("run-1").generation == 0
 
 
-def test_prepare_or_adopt_validates_lease_and_token(ledger: fp.Ledger, db: pathlib.Path) -> None:
+def test_prepare_or_adopt_validates_lease_and_token(ledger: fp.Ledger, db: str) -> None:
     with pytest.raises(fp.InvalidArgument) as err:
         ledger.prepare_or_adopt("run-1", **queued(), lease_ms=0)
     assert err.value.argument == "lease_ms"
@@ -588,7 +597,7 @@ def test_release_clears_the_owner_and_keeps_the_generation(
     ],
 )
 def test_set_status_follows_the_lifecycle(
-    ledger: fp.Ledger, db: pathlib.Path, path: list[str], allowed: bool
+    ledger: fp.Ledger, db: str, path: list[str], allowed: bool
 ) -> None:
     ledger.reserve_run("run-1", **queued())
     claim = ledger.claim("run-1", "host-a", lease_ms=60_000)
@@ -685,7 +694,48 @@ def test_expired_leases_lists_owned_expired_leases_on_live_runs(
     assert [lease.run_id for lease in ledger.expired_leases()] == ["a", "b"]
 
 
-def test_the_token_never_reaches_the_database_file(db: pathlib.Path, clock: FakeClock) -> None:
+def claim_many(ledger: fp.Ledger) -> list[str]:
+    """20 claims with heartbeats and one prepare: the tokens handed out."""
+    tokens = []
+    for i in range(20):
+        ledger.reserve_run(f"r{i}", **queued(f"r{i}"))
+        claim = ledger.claim(f"r{i}", "host-a", lease_ms=1000)
+        assert claim is not None
+        ledger.heartbeat(claim, lease_ms=2000)
+        tokens.append(claim.token)
+    prep = ledger.prepare_or_adopt("p", **queued("p"), lease_ms=1000)
+    assert prep.claim is not None
+    tokens.append(prep.claim.token)
+    return tokens
+
+
+def test_the_token_never_reaches_postgresql(clock: FakeClock) -> None:
+    """Every row of every table of the schema, as text: no token, only its SHA-256."""
+    with pg_schema() as url:
+        with fp.Ledger.open(url, clock=clock) as ledger:
+            tokens = claim_many(ledger)
+        with pg_connect(url) as conn:
+            tables = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT table_name FROM information_schema.tables "
+                    "WHERE table_schema = current_schema()"
+                )
+            ]
+            assert "leases" in tables
+            dump = "\n".join(
+                str(row[0]) for t in tables for row in conn.execute(f"SELECT t::text FROM {t} t")
+            )
+    for token in tokens:
+        assert token not in dump
+        assert token[4:] not in dump
+    assert hashlib.sha256(tokens[-1].encode()).hexdigest() in dump
+
+
+def test_the_token_never_reaches_the_database_file(
+    tmp_path: pathlib.Path, clock: FakeClock
+) -> None:
+    db = tmp_path / "ledger.db"
     tokens = []
     with fp.Ledger.open(str(db), clock=clock) as ledger:
         for i in range(20):

@@ -6,7 +6,6 @@ raw database error surfacing."""
 from __future__ import annotations
 
 import multiprocessing
-import pathlib
 import random
 from collections import Counter
 from typing import Any
@@ -59,8 +58,8 @@ def _publish(i: int, barrier: Any, queue: Any, path: str, parent: str) -> None:
     queue.put((i, out))
 
 
-def test_concurrent_publishers_get_the_same_child(tmp_path: pathlib.Path) -> None:
-    path = str(tmp_path / "c.db")
+def test_concurrent_publishers_get_the_same_child(target: str) -> None:
+    path = target
     with fp.Ledger.open(path) as ledger:
         parent = ledger.start_run("wf/p", scope_key="s", steps=STEPS).run_id
     for _ in range(3):  # a few rounds with fresh keys would be the same race; repeat the file
@@ -85,8 +84,8 @@ def _start(i: int, barrier: Any, queue: Any, path: str) -> None:
     queue.put((i, out))
 
 
-def test_concurrent_starts_in_one_scope_make_one_active_run(tmp_path: pathlib.Path) -> None:
-    path = str(tmp_path / "s.db")
+def test_concurrent_starts_in_one_scope_make_one_active_run(target: str) -> None:
+    path = target
     fp.Ledger.open(path).close()
     results = _run_all(_start, [(path,)] * PROCS)
     kinds = Counter(kind for kind, _ in results)
@@ -150,8 +149,8 @@ def _check_attempt_invariants(path: str, run_id: str, logs: list[Any]) -> None:
     assert finished == len(rows)
 
 
-def test_disjoint_and_overlapping_dispatchers(tmp_path: pathlib.Path) -> None:
-    path = str(tmp_path / "d.db")
+def test_disjoint_and_overlapping_dispatchers(target: str) -> None:
+    path = target
     with fp.Ledger.open(path) as ledger:
         run_id = ledger.start_run("wf/fan", scope_key="s", steps=STEPS).run_id
     disjoint = [[f"d{p}-{k}" for k in range(150)] for p in range(PROCS)]

@@ -195,7 +195,7 @@ pub const REOPEN_STEP_SQL: Sql = Sql::same(
 pub const SET_RUN_STATUS_SQL: Sql = Sql::same(
     "UPDATE runs SET status = ?2, current_step_id = ?3,
     updated_at = ?4,
-    completed_at = CASE WHEN ?2 IN ('completed', 'failed', 'cancelled') THEN ?4 END
+    completed_at = CASE WHEN ?2 IN ('completed', 'failed', 'cancelled') THEN CAST(?4 AS BIGINT) END
     WHERE run_id = ?1",
 );
 pub const SET_OUTPUTS_SQL: Sql =

@@ -1,0 +1,187 @@
+"""The PostgreSQL store itself (issue: "PostgreSQL backend"; DESIGN §6): opening, schemas,
+migrations under an advisory lock, settings read back, connection failures named without the
+password, reconnecting after the server drops the session, and the database enforcing
+append-only events. The behaviour, concurrency and fencing suites run on PostgreSQL through the
+`ledger` and `target` fixtures (tests/conftest.py); this file covers what only this backend has.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+import psycopg
+import pytest
+
+import fencepost as fp
+from tests.conftest import PG_URL, pg_connect, pg_schema
+from tests.test_concurrency import _outcome, _run_all
+
+CTX = multiprocessing.get_context("spawn")
+
+
+def _schema_of(url: str) -> str:
+    return url.rsplit("schema=", 1)[1]
+
+
+def test_open_creates_the_schema_and_records_the_migration() -> None:
+    with pg_schema() as url:
+        with fp.Ledger.open(url) as ledger:
+            p = ledger.pragmas()
+            assert p["journal_mode"] == "postgresql"
+            assert p["schema_version"] == fp.SCHEMA_VERSION
+            assert ledger.integrity_check() == ["ok"]
+        with pg_connect(url) as conn:
+            rows = conn.execute("SELECT version, name FROM schema_migrations").fetchall()
+            assert rows == [(1, "init")]
+            tables = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                    (_schema_of(url),),
+                )
+            }
+            assert {"runs", "events", "attempts", "leases", "units", "blobs"} <= tables
+        # The public schema is untouched.
+        with psycopg.connect(PG_URL.split("?")[0]) as conn:
+            public = conn.execute(
+                "SELECT count(*) FROM information_schema.tables "
+                "WHERE table_schema = 'public' AND table_name = 'runs'"
+            ).fetchone()
+            assert public is not None
+            assert public[0] == 0
+
+
+def test_reopen_is_a_no_op_and_the_schema_keyword_equals_the_url() -> None:
+    with pg_schema() as url:
+        base, schema = url.split("?schema=")
+        with fp.Ledger.open(url) as ledger:
+            ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True)
+        with fp.Ledger.open(base, schema=schema) as ledger:
+            run = ledger.get_run("r1")
+            assert run is not None
+            assert run.revision == 1
+        with pg_connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone() == (1,)
+
+
+def test_durability_and_busy_timeout_read_back() -> None:
+    with pg_schema() as url:
+        with fp.Ledger.open(url, durability="full", busy_timeout_ms=1234) as ledger:
+            p = ledger.pragmas()
+            assert (p["synchronous"], p["busy_timeout"]) == ("full", 1234)
+        with fp.Ledger.open(url) as ledger:
+            assert ledger.pragmas()["synchronous"] == "normal"
+
+
+def test_newer_schema_is_refused_and_left_alone() -> None:
+    with pg_schema() as url:
+        fp.Ledger.open(url).close()
+        with pg_connect(url) as conn:
+            conn.execute(
+                "INSERT INTO schema_migrations(version, name, applied_at) VALUES (999, 'f', 0)"
+            )
+        with pytest.raises(fp.SchemaError) as info:
+            fp.Ledger.open(url)
+        assert (info.value.database_version, info.value.library_version) == (
+            999,
+            fp.SCHEMA_VERSION,
+        )
+        with pg_connect(url) as conn:
+            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (999,)
+
+
+def test_a_schema_holding_other_tables_is_refused() -> None:
+    with pg_schema() as url:
+        schema = _schema_of(url)
+        with psycopg.connect(PG_URL.split("?")[0], autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA "{schema}"')
+            conn.execute(f'CREATE TABLE "{schema}".theirs (x int)')
+        with pytest.raises(fp.StoreError, match="not a fencepost ledger"):
+            fp.Ledger.open(url)
+        with pg_connect(url) as conn:
+            assert conn.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s",
+                (schema,),
+            ).fetchone() == (1,)
+
+
+@pytest.mark.parametrize(
+    ("target", "kwargs", "argument"),
+    [
+        (PG_URL + "?schema=Bad-Name", {}, "schema"),
+        (PG_URL + "?schema=pg_catalog", {}, "schema"),
+        (PG_URL + "?schema=a", {"schema": "b"}, "schema"),
+        (PG_URL, {"schema": 5}, "schema"),
+        ("/tmp/x.db", {"schema": "s"}, "schema"),
+    ],
+)
+def test_bad_schema_arguments(target: str, kwargs: dict[str, Any], argument: str) -> None:
+    with pytest.raises(fp.InvalidArgument) as info:
+        fp.Ledger.open(target, **kwargs)
+    assert info.value.argument == argument
+
+
+def test_an_unreachable_server_is_named_without_the_password() -> None:
+    with pytest.raises(fp.StoreError) as info:
+        fp.Ledger.open("postgresql://someone:hunter2secret@127.0.0.1:1/test")
+    text = str(info.value)
+    assert "127.0.0.1:1" in text
+    assert "check that the server is running" in text
+    assert "hunter2secret" not in text
+    assert "hunter2secret" not in repr(info.value)
+
+
+def test_the_ledger_reconnects_after_the_server_drops_its_session() -> None:
+    with pg_schema() as url, fp.Ledger.open(url) as ledger:
+        ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True)
+        with pg_connect(url) as conn:
+            killed = conn.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = 'fencepost' AND pid <> pg_backend_pid() "
+                "AND datname = current_database()"
+            ).fetchone()
+            assert killed is not None
+            assert killed[0] >= 1
+        # The call that meets the dead session fails clearly (it cannot know whether a write
+        # in flight committed); the next one reconnects.
+        kind, err = _outcome(lambda: ledger.get_run("r1"))
+        if kind != "ok":
+            assert kind == "StoreError", err
+            assert "lost the connection to PostgreSQL at 127.0.0.1:5432" in str(err)
+        run = ledger.get_run("r1")
+        assert run is not None
+        assert run.run_id == "r1"
+        res = ledger.reserve_attempt("r1", "u1", step_id="s")
+        assert res.attempt == 1
+
+
+def test_events_are_append_only_in_the_database() -> None:
+    with pg_schema() as url:
+        with fp.Ledger.open(url) as ledger:
+            ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True)
+        with pg_connect(url) as conn:
+            for statement in (
+                "DELETE FROM events",
+                "UPDATE events SET type = 'x'",
+                "TRUNCATE events",
+            ):
+                with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+                    conn.execute(statement)
+            assert conn.execute("SELECT count(*) FROM events").fetchone() == (1,)
+
+
+def _open_fresh(i: int, barrier: Any, queue: Any, url: str) -> None:
+    barrier.wait()
+    kind, got = _outcome(lambda: fp.Ledger.open(url).pragmas()["schema_version"])
+    queue.put((i, (kind, got if kind == "ok" else repr(got))))
+
+
+def test_several_processes_open_a_fresh_schema_at_once() -> None:
+    """Migrations run under an advisory lock: one process creates the schema, the others wait
+    and find it migrated; nobody sees a half-made schema or a duplicate-table error."""
+    with pg_schema() as url:
+        results = _run_all(_open_fresh, [(url,)] * 6)
+        assert results == [("ok", fp.SCHEMA_VERSION)] * 6
+        with pg_connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone() == (1,)

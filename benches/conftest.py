@@ -26,16 +26,24 @@ def document(request: pytest.FixtureRequest) -> Any:
     return nested_doc(request.param, 7)
 
 
-@pytest.fixture(params=["fencepost", "reference"])
+@pytest.fixture(params=["fencepost", "reference", "fencepost-postgres"])
 def impl(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[tuple[str, Any, Any]]:
-    """(name, module, handle): fencepost through benches/ref_adapter.py, or the reference
-    ledger, each on its own fresh file; both expose shared/reference/ref_ledger.py's names."""
+    """(name, module, handle): fencepost through benches/ref_adapter.py on a fresh SQLite file
+    or a fresh PostgreSQL schema, or the reference ledger on its own file; all expose
+    shared/reference/ref_ledger.py's names, so the same loops time all three."""
     import ref_ledger
+    from tests.conftest import pg_schema
 
     from benches import ref_adapter
 
     name = request.param
-    module: Any = ref_adapter if name == "fencepost" else ref_ledger
+    module: Any = ref_ledger if name == "reference" else ref_adapter
+    if name == "fencepost-postgres":
+        with pg_schema() as url:
+            handle = module.connect(url)
+            yield name, module, handle
+            module.close(handle)
+        return
     handle = module.connect(str(tmp_path / f"{name}.db"))
     yield name, module, handle
     module.close(handle)

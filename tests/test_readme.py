@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.conftest import PG_URL, REPO
 
 
 def test_readme_examples_run(tmp_path: pathlib.Path) -> None:
@@ -20,5 +20,11 @@ def test_readme_examples_run(tmp_path: pathlib.Path) -> None:
     done = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "fencepost.db").exists()
+    try:
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "fencepost.db").exists()
+    finally:
+        import psycopg
+
+        with psycopg.connect(PG_URL.split("?", 1)[0], autocommit=True) as conn:
+            conn.execute('DROP SCHEMA IF EXISTS "readme_example" CASCADE')

@@ -1,0 +1,175 @@
+"""fencepost on PostgreSQL against a real PostgreSQL job queue, pgqueuer (benches/peer_pg.py), on
+the same server in the same run: fencepost's reserve + finish per unit vs pgqueuer's enqueue +
+dequeue + complete per job, one at a time and in batches, at both durabilities
+(fencepost ``normal`` = ``synchronous_commit=off``, pgqueuer given the same session setting;
+``full`` = ``on`` for both). Then claim cost and claim throughput with 1, 2, 4 and 8 processes.
+The reference-adapter suites (bench_attempts.py, bench_claims.py) run on PostgreSQL too, as
+impl ``fencepost-postgres``. Every schema is fresh and dropped afterwards."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from tests.conftest import pg_schema
+
+import fencepost as fp
+from benches.conftest import label
+from benches.peer_pg import PgQueuePeer, pg_url
+
+N = 200
+BATCH = 1000
+ROUNDS = 10
+CTX = multiprocessing.get_context("spawn")
+_ids = itertools.count()
+
+
+@pytest.fixture(params=["normal", "full"])
+def durability(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def ledger(durability: str) -> Iterator[fp.Ledger]:
+    with pg_schema() as url, fp.Ledger.open(url, durability=durability) as opened:  # type: ignore[arg-type]
+        yield opened
+
+
+@pytest.fixture
+def peer(durability: str) -> Iterator[PgQueuePeer]:
+    schema = f"fpb_peer_{next(_ids)}_{int(time.time() * 1000) % 10**8}"
+    p = PgQueuePeer(pg_url(), schema, synchronous_commit=durability == "full")
+    yield p
+    p.close()
+
+
+def _run(ledger: fp.Ledger) -> str:
+    run_id = f"run-{next(_ids)}"
+    ledger.start_run("bench", scope_key=None, steps=[{"id": "s"}], run_id=run_id, force=True)
+    return run_id
+
+
+def bench_pg_cycle_fencepost(benchmark: Any, ledger: fp.Ledger, durability: str) -> None:
+    label(benchmark, f"postgres {durability}: per unit/job, one at a time", "fencepost", N)
+
+    def go(run_id: str) -> None:
+        for i in range(N):
+            r = ledger.reserve_attempt(run_id, f"u{i}", step_id="s")
+            assert ledger.finish_attempt(
+                run_id, f"u{i}", r.attempt, r.dispatch_id, status="completed"
+            )
+
+    benchmark.pedantic(go, setup=lambda: ((_run(ledger),), {}), rounds=ROUNDS)
+
+
+def bench_pg_cycle_pgqueuer(benchmark: Any, peer: PgQueuePeer, durability: str) -> None:
+    label(benchmark, f"postgres {durability}: per unit/job, one at a time", "pgqueuer", N)
+    benchmark.pedantic(peer.cycle, args=(N,), rounds=ROUNDS)
+    assert peer.queued() == 0
+
+
+def bench_pg_batch_fencepost(benchmark: Any, ledger: fp.Ledger, durability: str) -> None:
+    label(benchmark, f"postgres {durability}: per unit/job, batches of {BATCH}", "fencepost", BATCH)
+
+    def go(run_id: str) -> None:
+        got = ledger.reserve_attempts(
+            run_id, [{"unit_id": f"u{i}", "step_id": "s"} for i in range(BATCH)]
+        )
+        done = ledger.finish_attempts(
+            [
+                {"run_id": run_id, "unit_id": r.unit_id, "attempt": r.attempt,
+                 "dispatch_id": r.dispatch_id, "status": "completed"}
+                for r in got
+            ]
+        )  # fmt: skip
+        assert all(done)
+
+    benchmark.pedantic(go, setup=lambda: ((_run(ledger),), {}), rounds=ROUNDS)
+
+
+def bench_pg_batch_pgqueuer(benchmark: Any, peer: PgQueuePeer, durability: str) -> None:
+    label(benchmark, f"postgres {durability}: per unit/job, batches of {BATCH}", "pgqueuer", BATCH)
+    benchmark.pedantic(peer.batch, args=(BATCH,), rounds=ROUNDS)
+    assert peer.queued() == 0
+
+
+# ------------------------------------------------------------------ claim throughput
+
+RESOURCES = 200
+
+
+def _claimer(i: int, url: str, seconds: float, start: Any, queue: Any) -> None:
+    wins = refused = busy = 0
+    with fp.Ledger.open(url) as ledger:
+        start.wait()
+        end = time.monotonic() + seconds
+        k = i
+        while time.monotonic() < end:
+            k = (k * 1103515245 + 12345) % 2**31
+            try:
+                got = ledger.claim(f"c{k % RESOURCES}", f"host-{i}", lease_ms=1)
+            except fp.StoreBusy:
+                busy += 1
+                continue
+            if got is None:
+                refused += 1
+            else:
+                wins += 1
+    queue.put((wins, refused, busy))
+
+
+def claim_throughput(url: str, procs: int, seconds: float = 2.0) -> tuple[float, int, int]:
+    """(winning claims per second, refusals, StoreBusy) of `procs` processes claiming 200
+    runs with 1 ms leases for `seconds`; asserts one winner per (run, generation)."""
+    start = CTX.Barrier(procs + 1)
+    queue = CTX.Queue()
+    ps = [CTX.Process(target=_claimer, args=(i, url, seconds, start, queue)) for i in range(procs)]
+    for p in ps:
+        p.start()
+    start.wait()
+    t0 = time.monotonic()
+    results = [queue.get(timeout=120) for _ in ps]
+    wall = time.monotonic() - t0
+    for p in ps:
+        p.join(60)
+        assert p.exitcode == 0
+    wins = sum(r[0] for r in results)
+    with fp.Ledger.open(url) as ledger:
+        generations = sum(ledger.lease(f"c{r}").generation for r in range(RESOURCES))
+    assert generations == wins  # every win is exactly one generation: one winner each
+    return wins / wall, sum(r[1] for r in results), sum(r[2] for r in results)
+
+
+@pytest.mark.parametrize("procs", [1, 2, 4, 8])
+def bench_pg_claim_throughput(benchmark: Any, procs: int) -> None:
+    benchmark.group = "postgres: claim throughput (per winning claim, N processes)"
+    with pg_schema() as url:
+        with fp.Ledger.open(url) as ledger:
+            for r in range(RESOURCES):
+                ledger.reserve_run(
+                    f"c{r}",
+                    workflow_name="bench",
+                    workflow_ref="bench@1",
+                    source={"kind": "bench"},
+                    definition_digest=fp.digest({"steps": []}),
+                    definition={"steps": []},
+                    input={},
+                    launch_options={},
+                    runner_id="host-0",
+                    origin_session_id="bench",
+                )
+        out: dict[str, Any] = {}
+
+        def go() -> None:
+            out["rate"], out["refused"], out["busy"] = claim_throughput(url, procs)
+
+        benchmark.pedantic(go, rounds=1, iterations=1)
+    benchmark.extra_info.update(
+        impl=f"fencepost x{procs}", claims_per_s=out["rate"], refused=out["refused"],
+        busy=out["busy"], ops=1,
+    )  # fmt: skip
+    assert out["busy"] == 0

@@ -9,14 +9,14 @@
 
 use crate::params;
 
-use crate::canonical::Value;
+use crate::canonical::{into_text, to_vec, Value};
 use crate::errors::{LedgerError, Result};
 use crate::events::{self, Actor};
 use crate::ids::{check_name, new_dispatch_id};
 use crate::leases::{self, Fence};
 use crate::model::{Accounting, Attempt, Reservation, Unit};
 use crate::runs::run_state;
-use crate::store::{sql, Store, Tx};
+use crate::store::{sql, Backend, Store, Tx};
 
 /// One unit to reserve.
 #[derive(Debug, Clone, Default)]
@@ -130,12 +130,138 @@ pub fn reserve_attempts(
                 status: state.status,
             });
         }
+        if tx.backend() == Backend::Postgres && units.len() > 1 && distinct(units) {
+            return reserve_set(tx, run_id, units, &dispatch_ids, &actor, now_ms);
+        }
         units
             .iter()
             .zip(&dispatch_ids)
             .map(|(u, d)| reserve_one(tx, run_id, u, d, &actor, now_ms))
             .collect()
     })
+}
+
+/// Whether every unit id of a batch is distinct (a repeated unit reclaims its own new attempt:
+/// the one-by-one path keeps that order).
+fn distinct(units: &[UnitSpec]) -> bool {
+    let mut seen = std::collections::HashSet::with_capacity(units.len());
+    units.iter().all(|u| seen.insert(u.unit_id.as_str()))
+}
+
+/// A finish's identity: run, unit, attempt, dispatch id.
+type Key = (String, String, i64, String);
+
+/// A row's place in a set-based batch statement, from 1 (revisions follow it).
+fn ord(index: usize) -> i64 {
+    i64::try_from(index).map_or(i64::MAX, |i| i + 1)
+}
+
+fn opt_str(v: Option<&String>) -> Value {
+    v.map_or(Value::Null, |s| Value::Str(s.clone()))
+}
+
+/// The batch path on PostgreSQL, where each statement is a round trip: the latest attempts of
+/// all units in one read, reclaims one by one (rare), and every new attempt — unit projection,
+/// attempt row and `unit.started` event — in one set-based statement. Same rows, same events,
+/// same order as [`reserve_one`] per unit; the run's row lock (held) keeps the read valid.
+fn reserve_set(
+    tx: &dyn Tx,
+    run_id: &str,
+    units: &[UnitSpec],
+    dispatch_ids: &[String],
+    actor: &Actor<'_>,
+    now_ms: i64,
+) -> Result<Vec<Reservation>> {
+    let ids = events::json_array(&units.iter().map(|u| u.unit_id.clone()).collect::<Vec<_>>());
+    let mut latest: std::collections::HashMap<String, Latest> = std::collections::HashMap::new();
+    for (unit_id, l) in tx.rows(&sql::LATEST_ATTEMPTS_SQL, params![run_id, ids], |r| {
+        Ok((
+            r.get::<String>(0)?,
+            (
+                r.get::<i64>(1)?,
+                r.get::<String>(2)?,
+                r.get::<String>(3)?,
+                r.get::<Option<String>>(4)?,
+                r.get::<Option<String>>(5)?,
+            ),
+        ))
+    })? {
+        latest.insert(unit_id, l);
+    }
+    let mut out = Vec::with_capacity(units.len());
+    let mut rows = Vec::new();
+    for (u, dispatch_id) in units.iter().zip(dispatch_ids) {
+        let l = latest.get(&u.unit_id);
+        if let Some(l) = l.filter(|l| l.2 == "running") {
+            out.push(reclaim(tx, run_id, u, l, actor.generation)?);
+            continue;
+        }
+        let attempt = l.map_or(1, |l| l.0 + 1);
+        let payload = started_payload(run_id, u, attempt, dispatch_id);
+        rows.push(Value::Object(vec![
+            ("attempt".into(), Value::Int(attempt)),
+            ("dispatch_id".into(), Value::Str(dispatch_id.clone())),
+            ("engine".into(), opt_str(u.engine.as_ref())),
+            ("holder".into(), opt_str(u.holder.as_ref())),
+            ("input_hash".into(), opt_str(u.input_hash.as_ref())),
+            ("model".into(), opt_str(u.model.as_ref())),
+            ("node_id".into(), opt_str(u.node_id.as_ref())),
+            ("ord".into(), Value::Int(ord(rows.len()))),
+            ("parent_unit_id".into(), opt_str(u.parent_unit_id.as_ref())),
+            ("payload".into(), Value::Str(into_text(to_vec(&payload)))),
+            ("phase".into(), Value::Str(u.phase.clone())),
+            ("runner".into(), opt_str(u.runner.as_ref())),
+            ("step_id".into(), Value::Str(u.step_id.clone())),
+            ("unit_id".into(), Value::Str(u.unit_id.clone())),
+            ("worktree_path".into(), opt_str(u.worktree_path.as_ref())),
+        ]));
+        out.push(Reservation {
+            run_id: run_id.to_owned(),
+            unit_id: u.unit_id.clone(),
+            reclaimed: false,
+            attempt,
+            dispatch_id: dispatch_id.clone(),
+            reclaims: 0,
+            lease_generation: actor.generation,
+        });
+    }
+    if !rows.is_empty() {
+        let n = rows.len();
+        let json = into_text(to_vec(&Value::Array(rows)));
+        let inserted = tx.exec(
+            &sql::RESERVE_ATTEMPTS_SET_SQL,
+            params![
+                run_id,
+                json,
+                now_ms,
+                actor.kind,
+                actor.id.as_deref(),
+                actor.generation
+            ],
+        )?;
+        if inserted != n {
+            return Err(LedgerError::Store {
+                operation: "reserving attempts".into(),
+                message: format!(
+                    "wrote {inserted} of {n} attempts of run {run_id:?}; nothing kept"
+                ),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The `unit.started` payload of a new attempt.
+fn started_payload(run_id: &str, u: &UnitSpec, attempt: i64, dispatch_id: &str) -> Value {
+    Value::Object(vec![
+        ("attempt".into(), Value::Int(attempt)),
+        ("dispatch_id".into(), Value::Str(dispatch_id.to_owned())),
+        ("phase".into(), Value::Str(u.phase.clone())),
+        ("run_id".into(), Value::Str(run_id.to_owned())),
+        ("status".into(), Value::Str("running".into())),
+        ("step_id".into(), Value::Str(u.step_id.clone())),
+        ("unit_id".into(), Value::Str(u.unit_id.clone())),
+    ])
 }
 
 fn reserve_one(
@@ -197,15 +323,7 @@ fn reserve_one(
             now_ms
         ],
     )?;
-    let payload = Value::Object(vec![
-        ("attempt".into(), Value::Int(attempt)),
-        ("dispatch_id".into(), Value::Str(dispatch_id.to_owned())),
-        ("phase".into(), Value::Str(u.phase.clone())),
-        ("run_id".into(), Value::Str(run_id.to_owned())),
-        ("status".into(), Value::Str("running".into())),
-        ("step_id".into(), Value::Str(u.step_id.clone())),
-        ("unit_id".into(), Value::Str(u.unit_id.clone())),
-    ]);
+    let payload = started_payload(run_id, u, attempt, dispatch_id);
     events::append(tx, run_id, "unit.started", &payload, actor, now_ms)?;
     Ok(Reservation {
         run_id: run_id.to_owned(),
@@ -285,6 +403,9 @@ pub fn finish_attempts(
         f.check()?;
     }
     store.write("finishing attempts", |tx| {
+        if tx.backend() == Backend::Postgres && finishes.len() > 1 {
+            return finish_set(tx, finishes, fence, now_ms);
+        }
         let mut checked: Option<(&str, Actor<'_>)> = None;
         let mut out = Vec::with_capacity(finishes.len());
         for f in finishes {
@@ -303,6 +424,138 @@ pub fn finish_attempts(
         }
         Ok(out)
     })
+}
+
+/// The batch path on PostgreSQL: the runs locked in sorted order (two batches over the same
+/// runs cannot deadlock), the fence checked per run, the still-running attempts among the
+/// finishes read in one statement, and every winning finish — attempt, unit projection and
+/// `unit.finished` event — written by one set-based statement. The first of two identical
+/// finishes in a batch wins and the second gets `false`, as one by one.
+fn finish_set(
+    tx: &dyn Tx,
+    finishes: &[FinishSpec],
+    fence: Option<&Fence>,
+    now_ms: i64,
+) -> Result<Vec<bool>> {
+    let mut runs: Vec<&str> = finishes.iter().map(|f| f.run_id.as_str()).collect();
+    runs.sort_unstable();
+    runs.dedup();
+    let mut actor = Actor::default();
+    for run in &runs {
+        tx.lock_run(run)?;
+    }
+    if fence.is_some() {
+        // In batch order, as one by one: the first run the claim does not name is refused.
+        let mut seen = std::collections::HashSet::new();
+        for f in finishes {
+            if seen.insert(f.run_id.as_str()) {
+                actor = leases::check(tx, &f.run_id, fence, now_ms)?;
+            }
+        }
+    }
+    let keys = Value::Array(
+        finishes
+            .iter()
+            .map(|f| {
+                Value::Object(vec![
+                    ("attempt".into(), Value::Int(f.attempt)),
+                    ("dispatch_id".into(), Value::Str(f.dispatch_id.clone())),
+                    ("run_id".into(), Value::Str(f.run_id.clone())),
+                    ("unit_id".into(), Value::Str(f.unit_id.clone())),
+                ])
+            })
+            .collect(),
+    );
+    let mut running: std::collections::HashMap<Key, (Option<String>, String)> = tx
+        .rows(
+            &sql::RUNNING_ATTEMPTS_SQL,
+            params![into_text(to_vec(&keys))],
+            |r| {
+                Ok((
+                    (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?),
+                    (r.get(4)?, r.get(5)?),
+                ))
+            },
+        )?
+        .into_iter()
+        .collect();
+    let mut out = Vec::with_capacity(finishes.len());
+    let mut rows = Vec::new();
+    for f in finishes {
+        let key = (
+            f.run_id.clone(),
+            f.unit_id.clone(),
+            f.attempt,
+            f.dispatch_id.clone(),
+        );
+        // `remove`: a second identical finish in the batch finds nothing, like a late one.
+        let Some((step_id, phase)) = running.remove(&key) else {
+            out.push(false);
+            continue;
+        };
+        let payload = finished_payload(f, step_id, phase);
+        let text = |v: Option<&String>| opt_str(v);
+        rows.push(Value::Object(vec![
+            ("attempt".into(), Value::Int(f.attempt)),
+            ("dispatch_id".into(), Value::Str(f.dispatch_id.clone())),
+            ("failure_reason".into(), text(f.failure_reason.as_ref())),
+            ("ord".into(), Value::Int(ord(rows.len()))),
+            ("payload".into(), Value::Str(into_text(to_vec(&payload)))),
+            ("result".into(), text(f.result.as_ref())),
+            ("run_id".into(), Value::Str(f.run_id.clone())),
+            ("session_id".into(), text(f.session_id.as_ref())),
+            ("status".into(), Value::Str(f.status.clone())),
+            ("tokens".into(), f.tokens.map_or(Value::Null, Value::Int)),
+            ("unit_id".into(), Value::Str(f.unit_id.clone())),
+        ]));
+        out.push(true);
+    }
+    if !rows.is_empty() {
+        let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+        let json = into_text(to_vec(&Value::Array(rows)));
+        let written = tx.row(
+            &sql::FINISH_ATTEMPTS_SET_SQL,
+            params![
+                json,
+                now_ms,
+                actor.kind,
+                actor.id.as_deref(),
+                actor.generation
+            ],
+            |r| Ok((r.get::<i64>(0)?, r.get::<i64>(1)?, r.get::<i64>(2)?)),
+        )?;
+        if written != Some((n, n, n)) {
+            return Err(LedgerError::Store {
+                operation: "finishing attempts".into(),
+                message: format!(
+                    "a batch of {n} finishes wrote {written:?} (attempts, units, events); \
+                     nothing kept, run `fencepost doctor`"
+                ),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The `unit.finished` payload (as upstream, AK-06, AK-08): the reason only when there is one,
+/// tokens only when known; results and session ids stay out of the log.
+fn finished_payload(f: &FinishSpec, step_id: Option<String>, phase: String) -> Value {
+    let mut payload = vec![
+        ("attempt".into(), Value::Int(f.attempt)),
+        ("dispatch_id".into(), Value::Str(f.dispatch_id.clone())),
+        ("phase".into(), Value::Str(phase)),
+        ("run_id".into(), Value::Str(f.run_id.clone())),
+        ("status".into(), Value::Str(f.status.clone())),
+        ("step_id".into(), step_id.map_or(Value::Null, Value::Str)),
+        ("unit_id".into(), Value::Str(f.unit_id.clone())),
+    ];
+    if let Some(reason) = f.failure_reason.as_ref().filter(|r| !r.is_empty()) {
+        payload.push(("failure_reason".into(), Value::Str(reason.clone())));
+    }
+    if let Some(tokens) = f.tokens {
+        payload.push(("tokens".into(), Value::Int(tokens)));
+    }
+    Value::Object(payload)
 }
 
 fn finish_one(tx: &dyn Tx, f: &FinishSpec, actor: &Actor<'_>, now_ms: i64) -> Result<bool> {
@@ -351,31 +604,8 @@ fn finish_one(tx: &dyn Tx, f: &FinishSpec, actor: &Actor<'_>, now_ms: i64) -> Re
             ),
         });
     }
-    let mut payload = vec![
-        ("attempt".into(), Value::Int(f.attempt)),
-        ("dispatch_id".into(), Value::Str(f.dispatch_id.clone())),
-        ("phase".into(), Value::Str(phase)),
-        ("run_id".into(), Value::Str(f.run_id.clone())),
-        ("status".into(), Value::Str(f.status.clone())),
-        ("step_id".into(), step_id.map_or(Value::Null, Value::Str)),
-        ("unit_id".into(), Value::Str(f.unit_id.clone())),
-    ];
-    // As upstream (AK-06, AK-08): the reason only when there is one, tokens only when known;
-    // results and session ids stay out of the log.
-    if let Some(reason) = f.failure_reason.as_ref().filter(|r| !r.is_empty()) {
-        payload.push(("failure_reason".into(), Value::Str(reason.clone())));
-    }
-    if let Some(tokens) = f.tokens {
-        payload.push(("tokens".into(), Value::Int(tokens)));
-    }
-    events::append(
-        tx,
-        &f.run_id,
-        "unit.finished",
-        &Value::Object(payload),
-        actor,
-        now_ms,
-    )?;
+    let payload = finished_payload(f, step_id, phase);
+    events::append(tx, &f.run_id, "unit.finished", &payload, actor, now_ms)?;
     Ok(true)
 }
 

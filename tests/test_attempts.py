@@ -329,3 +329,77 @@ def test_check_constraints_guard_statuses(tmp_path: Any) -> None:
         ]:
             with pytest.raises(sqlite3.IntegrityError):
                 db.execute(sql)
+
+
+def test_batches_match_one_by_one(ledger: Any, run: Any) -> None:
+    """A mixed batch (a new attempt after a finished one, a reclaim, a new unit; finishes over
+    two runs with a duplicate and a wrong dispatch id) writes what one call per item would:
+    PostgreSQL runs batches as set-based statements, SQLite one by one; both must agree."""
+    rid = run.run_id
+    first = ledger.reserve_attempt(rid, "u1", step_id="build")
+    assert ledger.finish_attempt(rid, "u1", 1, first.dispatch_id, status="failed")
+    running = ledger.reserve_attempt(rid, "u2", step_id="build", holder="w1")
+    got = ledger.reserve_attempts(
+        rid,
+        [
+            {"unit_id": "u1", "step_id": "build", "holder": "w2"},
+            {"unit_id": "u2", "step_id": "build", "holder": "w2"},
+            {"unit_id": "u3", "step_id": "build", "phase": "gate", "input_hash": "h3"},
+        ],
+    )
+    assert [(g.unit_id, g.kind, g.attempt, g.reclaims) for g in got] == [
+        ("u1", "reserved", 2, 0),
+        ("u2", "reclaimed", 1, 1),
+        ("u3", "reserved", 1, 0),
+    ]
+    assert got[1].dispatch_id == running.dispatch_id
+    assert ledger.unit(rid, "u2").claim_holder == "w2"
+    started = ledger.events(rid, types=["unit.started"])
+    assert [e.payload["unit_id"] for e in started] == ["u1", "u2", "u1", "u3"]
+    assert started[2].payload["attempt"] == 2
+    assert started[3].payload["phase"] == "gate"
+    revisions = [e.revision for e in ledger.events(rid)]
+    assert revisions == list(range(1, len(revisions) + 1))
+
+    other = ledger.start_run("wf/other", scope_key=None, steps=STEPS, force=True)
+    o = ledger.reserve_attempt(other.run_id, "x", step_id="plan")
+
+    def fin(r: str, res: Any, **kw: Any) -> dict[str, Any]:
+        return {"run_id": r, "unit_id": res.unit_id, "attempt": res.attempt,
+                "dispatch_id": res.dispatch_id, "status": "completed", **kw}  # fmt: skip
+
+    oks = ledger.finish_attempts(
+        [
+            fin(rid, got[0], tokens=5),
+            fin(other.run_id, o, status="failed", failure_reason="boom"),
+            fin(rid, got[0]),  # duplicate: the first wins
+            {**fin(rid, got[2]), "dispatch_id": "not-it"},  # wrong dispatch id
+            fin(rid, got[1], result={"ok": True}),
+        ]
+    )
+    assert oks == [True, True, False, False, True]
+    assert ledger.attempts(rid, "u1")[-1].tokens == 5
+    assert ledger.unit(rid, "u2").result == {"ok": True}
+    assert ledger.unit(rid, "u3").status == "running"
+    assert ledger.unit(other.run_id, "x").failure_reason == "boom"
+    finished = ledger.events(rid, types=["unit.finished"])
+    assert [e.payload["unit_id"] for e in finished] == ["u1", "u1", "u2"]
+    assert finished[1].payload["tokens"] == 5
+    assert (
+        ledger.events(other.run_id, types=["unit.finished"])[0].payload["failure_reason"] == "boom"
+    )
+    for r in (rid, other.run_id):
+        revisions = [e.revision for e in ledger.events(r)]
+        assert revisions == list(range(1, len(revisions) + 1))
+    assert ledger.get_run(rid).revision == revisions_of(ledger, rid)
+
+    # A unit twice in one batch: reserved, then reclaimed in place (one event).
+    twice = ledger.reserve_attempts(
+        rid, [{"unit_id": "t", "step_id": "build"}, {"unit_id": "t", "step_id": "build"}]
+    )
+    assert [(t.kind, t.attempt) for t in twice] == [("reserved", 1), ("reclaimed", 1)]
+    assert twice[0].dispatch_id == twice[1].dispatch_id
+
+
+def revisions_of(ledger: Any, run_id: str) -> int:
+    return max(e.revision for e in ledger.events(run_id))

@@ -241,6 +241,54 @@ pub const RESERVE_ATTEMPT_UNIT_SQL: Sql = Sql::same(
       started_at = excluded.started_at, result = NULL, tokens = NULL, failure_reason = NULL,
       session_id = NULL, finished_at = NULL",
 );
+/// The latest attempt of each of a batch's units (PostgreSQL batch path).
+pub const LATEST_ATTEMPTS_SQL: Sql = Sql::split(
+    "",
+    "SELECT DISTINCT ON (unit_id) unit_id, attempt, dispatch_id, status, step_id, input_hash
+    FROM attempts
+    WHERE run_id = ?1 AND unit_id IN (SELECT jsonb_array_elements_text(CAST(?2 AS TEXT)::jsonb))
+    ORDER BY unit_id, attempt DESC",
+);
+/// Every new attempt of a batch in one statement (PostgreSQL, where a statement is a round
+/// trip): the rows arrive as one JSON array, each with its place in the batch (`ord`, from 1), and the
+/// unit projections, attempt rows and `unit.started` events are the same as the one-by-one
+/// statements write. Revisions continue from the run's newest, in batch order; the run's row
+/// lock is held. The foreign key from attempts to units is checked at the end of the statement,
+/// after both inserts. Returns the number of events written (one per attempt).
+pub const RESERVE_ATTEMPTS_SET_SQL: Sql = Sql::split(
+    "",
+    "WITH x AS (
+        SELECT * FROM jsonb_to_recordset(CAST(?2 AS TEXT)::jsonb) AS t(
+            unit_id TEXT, step_id TEXT, node_id TEXT, parent_unit_id TEXT, phase TEXT,
+            runner TEXT, engine TEXT, model TEXT, input_hash TEXT, worktree_path TEXT,
+            holder TEXT, attempt BIGINT, dispatch_id TEXT, payload TEXT, ord BIGINT)
+    ), u AS (
+        INSERT INTO units(run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner,
+            engine, model, input_hash, worktree_path, status, claim_holder, attempts,
+            first_started_at, started_at)
+        SELECT ?1, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model,
+            input_hash, worktree_path, 'running', holder, attempt, ?3, ?3 FROM x
+        ON CONFLICT(run_id, unit_id) DO UPDATE SET step_id = excluded.step_id,
+          node_id = excluded.node_id, parent_unit_id = excluded.parent_unit_id,
+          phase = excluded.phase, runner = excluded.runner, engine = excluded.engine,
+          model = excluded.model, input_hash = excluded.input_hash,
+          worktree_path = excluded.worktree_path, status = 'running',
+          claim_holder = excluded.claim_holder, attempts = excluded.attempts,
+          started_at = excluded.started_at, result = NULL, tokens = NULL, failure_reason = NULL,
+          session_id = NULL, finished_at = NULL
+    ), a AS (
+        INSERT INTO attempts(run_id, unit_id, attempt, dispatch_id, step_id, node_id, phase,
+            input_hash, status, holder, lease_generation, started_at)
+        SELECT ?1, unit_id, attempt, dispatch_id, step_id, node_id, phase, input_hash,
+            'running', holder, CAST(?6 AS BIGINT), ?3 FROM x
+    )
+    INSERT INTO events(resource_id, revision, type, actor_type, actor_id, generation, payload,
+        ts)
+    SELECT ?1, base.r + x.ord, 'unit.started', CAST(?4 AS TEXT), CAST(?5 AS TEXT),
+        CAST(?6 AS BIGINT), x.payload, ?3
+    FROM x, (SELECT coalesce(max(revision), 0) AS r FROM events WHERE resource_id = ?1) base
+    ORDER BY x.ord",
+);
 pub const RESERVE_ATTEMPT_INSERT_SQL: Sql = Sql::same(
     "INSERT INTO attempts(run_id, unit_id, attempt,
     dispatch_id, step_id, node_id, phase, input_hash, status, holder, lease_generation,
@@ -263,6 +311,58 @@ pub const FINISH_ATTEMPT_UNIT_SQL: Sql = Sql::same(
     WHERE run_id = ?1 AND unit_id = ?2 AND attempts = ?3 AND status = 'running'",
 );
 
+/// Which of a batch's finishes name a still-running attempt, with the attempt's step and
+/// phase for the event (PostgreSQL batch path; the runs' row locks are held).
+pub const RUNNING_ATTEMPTS_SQL: Sql = Sql::split(
+    "",
+    "SELECT a.run_id, a.unit_id, a.attempt, a.dispatch_id, a.step_id, a.phase
+    FROM attempts a JOIN jsonb_to_recordset(CAST(?1 AS TEXT)::jsonb)
+        AS x(run_id TEXT, unit_id TEXT, attempt BIGINT, dispatch_id TEXT)
+      ON a.run_id = x.run_id AND a.unit_id = x.unit_id AND a.attempt = x.attempt
+     AND a.dispatch_id = x.dispatch_id
+    WHERE a.status = 'running'",
+);
+/// Every winning finish of a batch in one statement (PostgreSQL): the same compare-and-set,
+/// projection update and `unit.finished` event as the one-by-one statements, revisions
+/// continuing per run in batch order. Returns the rows each part wrote; the caller refuses
+/// (rolls back) unless all three equal the batch.
+pub const FINISH_ATTEMPTS_SET_SQL: Sql = Sql::split(
+    "",
+    "WITH x AS (
+        SELECT * FROM jsonb_to_recordset(CAST(?1 AS TEXT)::jsonb) AS t(
+            run_id TEXT, unit_id TEXT, attempt BIGINT, dispatch_id TEXT, status TEXT,
+            result TEXT, tokens BIGINT, failure_reason TEXT, session_id TEXT, payload TEXT,
+            ord BIGINT)
+    ), f AS (
+        UPDATE attempts a SET status = x.status, result = x.result, tokens = x.tokens,
+            failure_reason = x.failure_reason, session_id = x.session_id, finished_at = ?2
+        FROM x
+        WHERE a.run_id = x.run_id AND a.unit_id = x.unit_id AND a.attempt = x.attempt
+          AND a.dispatch_id = x.dispatch_id AND a.status = 'running'
+        RETURNING 1
+    ), u AS (
+        UPDATE units n SET status = x.status, result = x.result, tokens = x.tokens,
+            failure_reason = x.failure_reason, session_id = x.session_id, finished_at = ?2
+        FROM x
+        WHERE n.run_id = x.run_id AND n.unit_id = x.unit_id AND n.attempts = x.attempt
+          AND n.status = 'running'
+        RETURNING 1
+    ), e AS (
+        INSERT INTO events(resource_id, revision, type, actor_type, actor_id, generation,
+            payload, ts)
+        SELECT x.run_id,
+            coalesce(b.r, 0) + row_number() OVER (PARTITION BY x.run_id ORDER BY x.ord),
+            'unit.finished', CAST(?3 AS TEXT), CAST(?4 AS TEXT), CAST(?5 AS BIGINT),
+            x.payload, ?2
+        FROM x LEFT JOIN (
+            SELECT resource_id, max(revision) AS r FROM events
+            WHERE resource_id IN (SELECT run_id FROM x) GROUP BY resource_id
+        ) b ON b.resource_id = x.run_id
+        ORDER BY x.ord
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM u), (SELECT count(*) FROM e)",
+);
 pub const LIST_ATTEMPTS_SQL: Sql = Sql::same(
     "SELECT run_id, unit_id, attempt, dispatch_id, status, phase,
     holder, lease_generation, reclaims, result, tokens, failure_reason, started_at, finished_at

@@ -95,8 +95,10 @@ def test_the_loop_keeps_ticking_under_thousands_of_calls(target: str) -> None:
 
     ticks, elapsed, finished = asyncio.run(main())
     assert finished == units
-    # The loop ran all along: ticks spread over the whole run, no long stall between two.
+    # The loop ran all along: ticks spread over the whole run, no long stall between two. (A
+    # blocked loop shows one gap as long as the run; the bound leaves room for a loaded 2-core
+    # machine, where one scheduling hiccup measured 0.35 s.)
     gaps = [b - a for a, b in itertools.pairwise(ticks)]
     assert len(ticks) >= 10
     assert ticks[-1] - ticks[0] >= 0.5 * elapsed
-    assert max(gaps) < max(0.25, elapsed / 4)
+    assert max(gaps) < max(0.5, elapsed / 3)

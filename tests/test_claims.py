@@ -736,17 +736,8 @@ def test_the_token_never_reaches_the_database_file(
     tmp_path: pathlib.Path, clock: FakeClock
 ) -> None:
     db = tmp_path / "ledger.db"
-    tokens = []
     with fp.Ledger.open(str(db), clock=clock) as ledger:
-        for i in range(20):
-            ledger.reserve_run(f"r{i}", **queued(f"r{i}"))
-            claim = ledger.claim(f"r{i}", "host-a", lease_ms=1000)
-            assert claim is not None
-            ledger.heartbeat(claim, lease_ms=2000)
-            tokens.append(claim.token)
-        prep = ledger.prepare_or_adopt("p", **queued("p"), lease_ms=1000)
-        assert prep.claim is not None
-        tokens.append(prep.claim.token)
+        tokens = claim_many(ledger)
         # Read while open (the -wal file holds the newest pages) and after close.
         raw_open = b"".join(p.read_bytes() for p in db.parent.iterdir() if p.is_file())
     raw_closed = db.read_bytes()

@@ -468,18 +468,48 @@ fn unreachable_store(op: &str) -> LedgerError {
     }
 }
 
-/// A small xorshift for retry jitter: no dependency, seeded per call from the clock and pid.
-pub(crate) fn jitter_ms(seed: &mut u64, max: u64) -> u64 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    1 + *seed % max.max(1)
+/// The bounded retry of a contended write, shared by both backends: exponential jitter
+/// (1 ms up to 64 ms) while the busy budget and the retry count last, then `StoreBusy` with
+/// how long it waited and how often it retried.
+pub(crate) struct Backoff {
+    started: std::time::Instant,
+    budget: std::time::Duration,
+    max_retries: u32,
+    retries: u32,
+    seed: u64,
 }
 
-/// A jitter seed for one operation.
-pub(crate) fn jitter_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| u64::from(d.subsec_nanos()));
-    (nanos | 1) ^ (u64::from(std::process::id()) << 32)
+impl Backoff {
+    pub(crate) fn new(busy_timeout_ms: u64, max_retries: u32) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| u64::from(d.subsec_nanos()));
+        Self {
+            started: std::time::Instant::now(),
+            budget: std::time::Duration::from_millis(busy_timeout_ms),
+            max_retries,
+            retries: 0,
+            // Seeded by time and pid, so processes that collided do not retry in step.
+            seed: (nanos | 1) ^ (u64::from(std::process::id()) << 32),
+        }
+    }
+
+    /// Sleep before the next attempt, or `StoreBusy` once the budget is spent.
+    pub(crate) fn wait(&mut self) -> Result<()> {
+        let waited = self.started.elapsed();
+        if self.retries >= self.max_retries || waited >= self.budget {
+            return Err(LedgerError::StoreBusy {
+                waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                retries: self.retries,
+            });
+        }
+        self.retries += 1;
+        // A small xorshift: no dependency for jitter.
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let cap = 1u64 << self.retries.min(6);
+        std::thread::sleep(std::time::Duration::from_millis(1 + self.seed % cap));
+        Ok(())
+    }
 }

@@ -20,7 +20,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::error::Error as StdError;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use postgres::error::SqlState;
@@ -29,8 +29,8 @@ use postgres::{Client, Config, NoTls, Statement};
 
 use crate::errors::{LedgerError, Result};
 use crate::store::{
-    jitter_ms, jitter_seed, ledger_error, migrate, sql, Backend, DbError, DbErrorKind, DbResult,
-    Durability, OpenOptions, Pragmas, Row, Sql, SqlValue, Store, ToSql,
+    ledger_error, migrate, sql, Backend, Backoff, DbError, DbErrorKind, DbResult, Durability,
+    OpenOptions, Pragmas, Row, Sql, SqlValue, Store, ToSql,
 };
 
 /// Whole-transaction retries of contention while time remains in the busy budget.
@@ -266,6 +266,9 @@ pub struct PgStore {
     opts: OpenOptions,
     /// Prepared statements by their SQL text (each `Sql` is a `'static` constant).
     statements: HashMap<&'static str, Statement>,
+    /// A call met a dead session: reconnect before the next one, even if the driver has not
+    /// noticed the socket closing yet.
+    broken: bool,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -287,6 +290,7 @@ impl PgStore {
             target,
             opts: opts.clone(),
             statements: HashMap::new(),
+            broken: false,
         };
         store.configure()?;
         store.migrate(now_ms)?;
@@ -391,11 +395,12 @@ impl PgStore {
     /// Reconnect after the server dropped the connection (a restart, a failover, an idle
     /// timeout): a new session with the same settings and an empty statement cache.
     fn ensure_connected(&mut self) -> Result<()> {
-        if !self.client.is_closed() {
+        if !self.broken && !self.client.is_closed() {
             return Ok(());
         }
         self.client = self.target.connect()?;
         self.statements.clear();
+        self.broken = false;
         self.configure()
     }
 
@@ -407,9 +412,10 @@ impl PgStore {
         body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
     ) -> std::result::Result<(), Attempt> {
         let target = &self.target;
-        self.client
-            .batch_execute(begin)
-            .map_err(|e| Attempt::from_pg(op, target, &e))?;
+        if let Err(e) = self.client.batch_execute(begin) {
+            self.broken = classify(target, &e).kind == DbErrorKind::Unavailable;
+            return Err(Attempt::from_pg(op, target, &e));
+        }
         let tx = Tx {
             client: RefCell::new(&mut self.client),
             statements: RefCell::new(&mut self.statements),
@@ -418,15 +424,17 @@ impl PgStore {
             retry: Cell::new(None),
             locked: RefCell::new(Vec::new()),
             savepoint: Cell::new(0),
+            lost: Cell::new(false),
         };
         let out = body(&tx);
         let retry = tx.retry.get();
+        self.broken = tx.lost.get();
         drop(tx);
         match out {
-            Ok(()) if commit => self
-                .client
-                .batch_execute("COMMIT")
-                .map_err(|e| Attempt::from_pg(op, target, &e)),
+            Ok(()) if commit => self.client.batch_execute("COMMIT").map_err(|e| {
+                self.broken = classify(target, &e).kind == DbErrorKind::Unavailable;
+                Attempt::from_pg(op, target, &e)
+            }),
             Ok(()) => {
                 let _ = self.client.batch_execute("ROLLBACK");
                 Ok(())
@@ -485,11 +493,8 @@ impl Store for PgStore {
         body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
     ) -> Result<()> {
         self.ensure_connected()?;
-        let started = Instant::now();
-        let budget = Duration::from_millis(self.opts.busy_timeout_ms);
-        let mut retries = 0u32;
+        let mut backoff = Backoff::new(self.opts.busy_timeout_ms, MAX_BUSY_RETRIES);
         let mut unique_retries = 0u32;
-        let mut seed = jitter_seed();
         loop {
             match self.run_once(op, "BEGIN", true, body) {
                 Ok(()) => return Ok(()),
@@ -502,16 +507,7 @@ impl Store for PgStore {
                     }
                 }
                 Err(Attempt::Retry(RetryKind::Busy, _)) => {
-                    let waited = started.elapsed();
-                    if retries >= MAX_BUSY_RETRIES || waited >= budget {
-                        return Err(LedgerError::StoreBusy {
-                            waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
-                            retries,
-                        });
-                    }
-                    retries += 1;
-                    let cap = 1u64 << retries.min(6);
-                    std::thread::sleep(Duration::from_millis(jitter_ms(&mut seed, cap)));
+                    backoff.wait()?;
                 }
             }
         }
@@ -615,6 +611,8 @@ pub struct Tx<'a> {
     locked: RefCell<Vec<String>>,
     /// Savepoints taken (for statements whose failure the caller interprets).
     savepoint: Cell<u32>,
+    /// A statement met a dead session.
+    lost: Cell<bool>,
 }
 
 impl Tx<'_> {
@@ -623,6 +621,7 @@ impl Tx<'_> {
         match &err.kind {
             DbErrorKind::Busy => self.retry.set(Some(RetryKind::Busy)),
             DbErrorKind::Unique { .. } if !interpret => self.retry.set(Some(RetryKind::Unique)),
+            DbErrorKind::Unavailable => self.lost.set(true),
             _ => {}
         }
         err
@@ -805,8 +804,26 @@ impl crate::store::Tx for Tx<'_> {
         if self.locked.borrow().iter().any(|r| r == run_id) {
             return Ok(());
         }
-        crate::store::Tx::execute(self, &sql::LOCK_RUN_SQL, crate::params![run_id], false)
+        let mut found = false;
+        crate::store::Tx::query(
+            self,
+            &sql::LOCK_RUN_SQL,
+            crate::params![run_id],
+            &mut |_| {
+                found = true;
+                Ok(false)
+            },
+        )
+        .map_err(|e| crate::store::Tx::fail(self, &e))?;
+        if !found {
+            crate::store::Tx::query(
+                self,
+                &sql::LOCK_NEW_RUN_SQL,
+                crate::params![run_id],
+                &mut |_| Ok(false),
+            )
             .map_err(|e| crate::store::Tx::fail(self, &e))?;
+        }
         self.locked.borrow_mut().push(run_id.to_owned());
         Ok(())
     }

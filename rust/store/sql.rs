@@ -75,6 +75,13 @@ pub const RUN_STATUS_SQL: Sql = Sql::same(
 /// The run's row lock (`Tx::lock_run`). SQLite needs none: its IMMEDIATE transaction holds the
 /// database's one write lock.
 pub const LOCK_RUN_SQL: Sql = Sql::split("", "SELECT 1 FROM runs WHERE run_id = ?1 FOR UPDATE");
+/// A run that does not exist yet has no row to lock: its creators (two `prepare_or_adopt` of
+/// one id) serialize on a transaction-scoped advisory lock of that id instead — one lock per
+/// run id, never a global one — so the second sees the first's committed run and adopts it.
+pub const LOCK_NEW_RUN_SQL: Sql = Sql::split(
+    "",
+    "SELECT pg_advisory_xact_lock(hashtextextended('fencepost/run/' || CAST(?1 AS TEXT), 0))",
+);
 pub const RUN_EXISTS_SQL: Sql = Sql::same("SELECT 1 FROM runs WHERE run_id = ?1");
 
 /// The start guard, read inside the IMMEDIATE transaction; the partial unique index
@@ -225,22 +232,33 @@ pub const RECLAIM_UNIT_SQL: Sql = Sql::split(
     WHERE run_id = ?1 AND unit_id = ?2 AND CAST(?3 AS TEXT) IS NOT NULL
       AND claim_holder IS DISTINCT FROM CAST(?3 AS TEXT)",
 );
-/// The projection follows the newest attempt: every column is overwritten and the previous
-/// attempt's result cleared (`PRIOR_ART` A3 `reserveUnitAttempt` step 4).
-pub const RESERVE_ATTEMPT_UNIT_SQL: Sql = Sql::same(
-    "INSERT INTO units(run_id, unit_id, step_id, node_id,
-    parent_unit_id, phase, runner, engine, model, input_hash, worktree_path, status, claim_holder,
-    attempts, first_started_at, started_at)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'running', ?12, ?13, ?14, ?14)
-    ON CONFLICT(run_id, unit_id) DO UPDATE SET step_id = excluded.step_id,
+/// How a reservation overwrites a unit's projection: every column from the new attempt and the
+/// previous attempt's result cleared (`PRIOR_ART` A3 `reserveUnitAttempt` step 4). One text for
+/// the one-by-one and the set-based statements.
+macro_rules! units_reserve_upsert {
+    () => {
+        " ON CONFLICT(run_id, unit_id) DO UPDATE SET step_id = excluded.step_id,
       node_id = excluded.node_id, parent_unit_id = excluded.parent_unit_id,
       phase = excluded.phase, runner = excluded.runner, engine = excluded.engine,
       model = excluded.model, input_hash = excluded.input_hash,
       worktree_path = excluded.worktree_path, status = 'running',
       claim_holder = excluded.claim_holder, attempts = excluded.attempts,
       started_at = excluded.started_at, result = NULL, tokens = NULL, failure_reason = NULL,
-      session_id = NULL, finished_at = NULL",
-);
+      session_id = NULL, finished_at = NULL"
+    };
+}
+
+/// The projection follows the newest attempt: every column is overwritten and the previous
+/// attempt's result cleared (`PRIOR_ART` A3 `reserveUnitAttempt` step 4).
+pub const RESERVE_ATTEMPT_UNIT_SQL: Sql = Sql::same(concat!(
+    "INSERT INTO units(run_id, unit_id, step_id, node_id,
+    parent_unit_id, phase, runner, engine, model, input_hash, worktree_path, status, claim_holder,
+    attempts, first_started_at, started_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'running', ?12, ?13, ?14, ?14)
+",
+    units_reserve_upsert!()
+));
+
 /// The latest attempt of each of a batch's units (PostgreSQL batch path).
 pub const LATEST_ATTEMPTS_SQL: Sql = Sql::split(
     "",
@@ -257,7 +275,8 @@ pub const LATEST_ATTEMPTS_SQL: Sql = Sql::split(
 /// after both inserts. Returns the number of events written (one per attempt).
 pub const RESERVE_ATTEMPTS_SET_SQL: Sql = Sql::split(
     "",
-    "WITH x AS (
+    concat!(
+        "WITH x AS (
         SELECT * FROM jsonb_to_recordset(CAST(?2 AS TEXT)::jsonb) AS t(
             unit_id TEXT, step_id TEXT, node_id TEXT, parent_unit_id TEXT, phase TEXT,
             runner TEXT, engine TEXT, model TEXT, input_hash TEXT, worktree_path TEXT,
@@ -268,14 +287,9 @@ pub const RESERVE_ATTEMPTS_SET_SQL: Sql = Sql::split(
             first_started_at, started_at)
         SELECT ?1, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model,
             input_hash, worktree_path, 'running', holder, attempt, ?3, ?3 FROM x
-        ON CONFLICT(run_id, unit_id) DO UPDATE SET step_id = excluded.step_id,
-          node_id = excluded.node_id, parent_unit_id = excluded.parent_unit_id,
-          phase = excluded.phase, runner = excluded.runner, engine = excluded.engine,
-          model = excluded.model, input_hash = excluded.input_hash,
-          worktree_path = excluded.worktree_path, status = 'running',
-          claim_holder = excluded.claim_holder, attempts = excluded.attempts,
-          started_at = excluded.started_at, result = NULL, tokens = NULL, failure_reason = NULL,
-          session_id = NULL, finished_at = NULL
+",
+        units_reserve_upsert!(),
+        "
     ), a AS (
         INSERT INTO attempts(run_id, unit_id, attempt, dispatch_id, step_id, node_id, phase,
             input_hash, status, holder, lease_generation, started_at)
@@ -287,7 +301,8 @@ pub const RESERVE_ATTEMPTS_SET_SQL: Sql = Sql::split(
     SELECT ?1, base.r + x.ord, 'unit.started', CAST(?4 AS TEXT), CAST(?5 AS TEXT),
         CAST(?6 AS BIGINT), x.payload, ?3
     FROM x, (SELECT coalesce(max(revision), 0) AS r FROM events WHERE resource_id = ?1) base
-    ORDER BY x.ord",
+    ORDER BY x.ord"
+    ),
 );
 pub const RESERVE_ATTEMPT_INSERT_SQL: Sql = Sql::same(
     "INSERT INTO attempts(run_id, unit_id, attempt,

@@ -5,7 +5,7 @@
 mod checkpoint;
 
 use std::cell::Cell;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rusqlite::config::DbConfig;
 use rusqlite::types::{ToSqlOutput, ValueRef};
@@ -13,8 +13,8 @@ use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use crate::errors::{LedgerError, Result};
 use crate::store::{
-    jitter_ms, jitter_seed, ledger_error, migrate, Backend, DbError, DbErrorKind, DbResult,
-    OpenOptions, Pragmas, Row, Sql, SqlValue, Store, ToSql,
+    ledger_error, migrate, Backend, Backoff, DbError, DbErrorKind, DbResult, OpenOptions, Pragmas,
+    Row, Sql, SqlValue, Store, ToSql,
 };
 use checkpoint::Checkpointer;
 
@@ -323,23 +323,11 @@ impl Store for SqliteStore {
         op: &str,
         body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
     ) -> Result<()> {
-        let started = Instant::now();
-        let budget = Duration::from_millis(self.busy_timeout_ms);
-        let mut retries = 0u32;
-        let mut seed = jitter_seed();
+        let mut backoff = Backoff::new(self.busy_timeout_ms, MAX_BUSY_RETRIES);
         loop {
             match self.try_write(op, body) {
                 Err(Attempt::Busy) => {
-                    let waited = started.elapsed();
-                    if retries >= MAX_BUSY_RETRIES || waited >= budget {
-                        return Err(LedgerError::StoreBusy {
-                            waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
-                            retries,
-                        });
-                    }
-                    retries += 1;
-                    let cap = 1u64 << retries.min(6);
-                    std::thread::sleep(Duration::from_millis(jitter_ms(&mut seed, cap)));
+                    backoff.wait()?;
                 }
                 Err(Attempt::Failed(e)) => return Err(e),
                 Ok(()) => return Ok(()),

@@ -130,7 +130,9 @@ pub fn reserve_attempts(
                 status: state.status,
             });
         }
-        if tx.backend() == Backend::Postgres && distinct(units) {
+        // One unit keeps the one-by-one statements: measured, the set-based statement's generic
+        // plan for a single JSON row cost more than the two round trips it saves.
+        if tx.backend() == Backend::Postgres && units.len() > 1 && distinct(units) {
             return reserve_set(tx, run_id, units, &dispatch_ids, &actor, now_ms);
         }
         units
@@ -160,7 +162,7 @@ fn opt_str(v: Option<&String>) -> Value {
     v.map_or(Value::Null, |s| Value::Str(s.clone()))
 }
 
-/// The path on PostgreSQL (for one unit too), where each statement is a round trip: the latest attempts of
+/// The batch path on PostgreSQL, where each statement is a round trip: the latest attempts of
 /// all units in one read, reclaims one by one (rare), and every new attempt — unit projection,
 /// attempt row and `unit.started` event — in one set-based statement. Same rows, same events,
 /// same order as [`reserve_one`] per unit; the run's row lock (held) keeps the read valid.
@@ -403,7 +405,7 @@ pub fn finish_attempts(
         f.check()?;
     }
     store.write("finishing attempts", |tx| {
-        if tx.backend() == Backend::Postgres {
+        if tx.backend() == Backend::Postgres && finishes.len() > 1 {
             return finish_set(tx, finishes, fence, now_ms);
         }
         let mut checked: Option<(&str, Actor<'_>)> = None;
@@ -426,7 +428,7 @@ pub fn finish_attempts(
     })
 }
 
-/// The path on PostgreSQL (for one finish too: two statements instead of three): the runs locked in sorted order (two batches over the same
+/// The batch path on PostgreSQL: the runs locked in sorted order (two batches over the same
 /// runs cannot deadlock), the fence checked per run, the still-running attempts among the
 /// finishes read in one statement, and every winning finish — attempt, unit projection and
 /// `unit.finished` event — written by one set-based statement. The first of two identical

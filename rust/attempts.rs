@@ -150,9 +150,6 @@ fn distinct(units: &[UnitSpec]) -> bool {
     units.iter().all(|u| seen.insert(u.unit_id.as_str()))
 }
 
-/// A finish's identity: run, unit, attempt, dispatch id.
-type Key = (String, String, i64, String);
-
 /// A row's place in a set-based batch statement, from 1 (revisions follow it).
 fn ord(index: usize) -> i64 {
     i64::try_from(index).map_or(i64::MAX, |i| i + 1)
@@ -428,6 +425,9 @@ pub fn finish_attempts(
     })
 }
 
+/// A finish's identity: run, unit, attempt, dispatch id.
+type Key = (String, String, i64, String);
+
 /// The batch path on PostgreSQL: the runs locked in sorted order (two batches over the same
 /// runs cannot deadlock), the fence checked per run, the still-running attempts among the
 /// finishes read in one statement, and every winning finish — attempt, unit projection and
@@ -496,16 +496,15 @@ fn finish_set(
             continue;
         };
         let payload = finished_payload(f, step_id, phase);
-        let text = |v: Option<&String>| opt_str(v);
         rows.push(Value::Object(vec![
             ("attempt".into(), Value::Int(f.attempt)),
             ("dispatch_id".into(), Value::Str(f.dispatch_id.clone())),
-            ("failure_reason".into(), text(f.failure_reason.as_ref())),
+            ("failure_reason".into(), opt_str(f.failure_reason.as_ref())),
             ("ord".into(), Value::Int(ord(rows.len()))),
             ("payload".into(), Value::Str(into_text(to_vec(&payload)))),
-            ("result".into(), text(f.result.as_ref())),
+            ("result".into(), opt_str(f.result.as_ref())),
             ("run_id".into(), Value::Str(f.run_id.clone())),
-            ("session_id".into(), text(f.session_id.as_ref())),
+            ("session_id".into(), opt_str(f.session_id.as_ref())),
             ("status".into(), Value::Str(f.status.clone())),
             ("tokens".into(), f.tokens.map_or(Value::Null, Value::Int)),
             ("unit_id".into(), Value::Str(f.unit_id.clone())),

@@ -77,20 +77,19 @@ def pg_schema() -> Iterator[str]:
     No skip when the server is down: the PostgreSQL half of the suite is part of the contract
     (.ci/run starts the server), so an unreachable server fails the test loudly.
     """
-    import psycopg
-
     schema = f"fpt_{uuid.uuid4().hex[:20]}"
     sep = "&" if "?" in PG_URL else "?"
     try:
         yield f"{PG_URL}{sep}schema={schema}"
     finally:
-        with psycopg.connect(PG_URL.split("?", 1)[0], autocommit=True) as conn:
+        with pg_connect(PG_URL) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def pg_connect(url: str) -> Any:
-    """A psycopg connection to a ledger URL's database with the ledger's schema on its
-    search_path, for reading behind the API's back (autocommit)."""
+    """A psycopg connection to a ledger URL's database with the ledger's schema (``public``
+    when the URL names none) on its search_path, for reading behind the API's back and for
+    making and dropping schemas (autocommit)."""
     import psycopg
 
     base, _, query = url.partition("?")

@@ -43,7 +43,7 @@ def test_open_creates_the_schema_and_records_the_migration() -> None:
             }
             assert {"runs", "events", "attempts", "leases", "units", "blobs"} <= tables
         # The public schema is untouched.
-        with psycopg.connect(PG_URL.split("?")[0]) as conn:
+        with pg_connect(PG_URL) as conn:
             public = conn.execute(
                 "SELECT count(*) FROM information_schema.tables "
                 "WHERE table_schema = 'public' AND table_name = 'runs'"
@@ -94,7 +94,7 @@ def test_newer_schema_is_refused_and_left_alone() -> None:
 def test_a_schema_holding_other_tables_is_refused() -> None:
     with pg_schema() as url:
         schema = _schema_of(url)
-        with psycopg.connect(PG_URL.split("?")[0], autocommit=True) as conn:
+        with pg_connect(PG_URL) as conn:
             conn.execute(f'CREATE SCHEMA "{schema}"')
             conn.execute(f'CREATE TABLE "{schema}".theirs (x int)')
         with pytest.raises(fp.StoreError, match="not a fencepost ledger"):

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from tests.conftest import PG_URL, REPO
+from tests.conftest import PG_URL, REPO, pg_connect
 
 
 def test_readme_examples_run(tmp_path: pathlib.Path) -> None:
@@ -24,7 +24,5 @@ def test_readme_examples_run(tmp_path: pathlib.Path) -> None:
         assert done.returncode == 0, done.stderr
         assert (tmp_path / "fencepost.db").exists()
     finally:
-        import psycopg
-
-        with psycopg.connect(PG_URL.split("?", 1)[0], autocommit=True) as conn:
+        with pg_connect(PG_URL) as conn:
             conn.execute('DROP SCHEMA IF EXISTS "readme_example" CASCADE')

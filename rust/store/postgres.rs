@@ -226,7 +226,12 @@ fn classify(target: &Target, e: &postgres::Error) -> DbError {
         }
         return DbError::new(DbErrorKind::Other, error_text(e));
     }
-    if e.is_closed() || e.as_db_error().is_none() {
+    // Only a closed session or a failed socket means the connection is gone (and is rebuilt
+    // on the next call); a value the driver could not bind or decode is an ordinary error.
+    let io = e
+        .source()
+        .is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some());
+    if e.is_closed() || io {
         return unavailable(target, e);
     }
     DbError::new(DbErrorKind::Other, error_text(e))
@@ -325,14 +330,11 @@ impl PgStore {
     /// wait for the first, then find nothing to do.
     fn migrate(&mut self, now_ms: i64) -> Result<()> {
         let op = "applying schema migrations";
-        let schema = self.target.schema.clone();
-        let label = self.target.label.clone();
-        let mut tx = self
-            .client
-            .transaction()
-            .map_err(|e| ledger_error(op, &label, &classify(&self.target, &e)))?;
-        let target = self.target.clone();
-        let fail = |e: postgres::Error| ledger_error(op, &label, &classify(&target, &e));
+        // Borrowed field by field: the transaction holds the client, messages read the target.
+        let target = &self.target;
+        let (schema, label) = (&target.schema, &target.label);
+        let fail = |e: postgres::Error| ledger_error(op, label, &classify(target, &e));
+        let mut tx = self.client.transaction().map_err(fail)?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
             .map_err(fail)?;
         tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
@@ -341,7 +343,7 @@ impl PgStore {
             .query_one(
                 "SELECT count(*) FROM information_schema.tables
                  WHERE table_schema = $1 AND table_name = 'schema_migrations'",
-                &[&schema],
+                &[schema],
             )
             .map_err(fail)?
             .get(0);
@@ -350,7 +352,7 @@ impl PgStore {
             let foreign: i64 = tx
                 .query_one(
                     "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
-                    &[&schema],
+                    &[schema],
                 )
                 .map_err(fail)?
                 .get(0);
@@ -378,10 +380,9 @@ impl PgStore {
             .iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect();
-        for m in migrate::pending(&applied, migrate::POSTGRES_MIGRATIONS, &label)? {
+        for m in migrate::pending(&applied, migrate::POSTGRES_MIGRATIONS, label)? {
             let step = format!("applying schema migration {} ({})", m.version, m.name);
-            let fail_step =
-                |e: postgres::Error| ledger_error(&step, &label, &classify(&target, &e));
+            let fail_step = |e: postgres::Error| ledger_error(&step, label, &classify(target, &e));
             tx.batch_execute(m.sql).map_err(fail_step)?;
             tx.execute(
                 "INSERT INTO schema_migrations(version, name, applied_at) VALUES ($1, $2, $3)",

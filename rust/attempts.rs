@@ -287,7 +287,7 @@ fn reserve_one(
         }
     }
     let attempt = latest.as_ref().map_or(1, |l| l.0 + 1);
-    tx.exec(
+    tx.exec_later(
         &sql::RESERVE_ATTEMPT_UNIT_SQL,
         params![
             run_id,
@@ -306,7 +306,7 @@ fn reserve_one(
             now_ms
         ],
     )?;
-    tx.exec(
+    tx.exec_later(
         &sql::RESERVE_ATTEMPT_INSERT_SQL,
         params![
             run_id,
@@ -379,7 +379,7 @@ fn reclaim(
             |r| Ok((r.get::<i64>(0)?, r.get::<Option<i64>>(1)?)),
         )?
         .unwrap_or((0, generation));
-    tx.exec(&sql::RECLAIM_UNIT_SQL, params![run_id, u.unit_id, u.holder])?;
+    tx.exec_later(&sql::RECLAIM_UNIT_SQL, params![run_id, u.unit_id, u.holder])?;
     Ok(Reservation {
         run_id: run_id.to_owned(),
         unit_id: u.unit_id.clone(),

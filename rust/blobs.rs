@@ -10,13 +10,13 @@ use crate::store::{sql, Tx};
 /// Store canonical JSON bytes; returns the digest.
 pub fn put(tx: &dyn Tx, canonical: &[u8], now_ms: i64) -> Result<String> {
     let digest = digest_bytes(canonical);
-    tx.exec(&sql::PUT_BLOB_SQL, params![digest, canonical, now_ms])?;
+    tx.exec_later(&sql::PUT_BLOB_SQL, params![digest, canonical, now_ms])?;
     Ok(digest)
 }
 
 /// Store canonical bytes whose digest was computed before the transaction began.
 pub fn put_digested(tx: &dyn Tx, digest: &str, canonical: &[u8], now_ms: i64) -> Result<()> {
-    tx.exec(&sql::PUT_BLOB_SQL, params![digest, canonical, now_ms])?;
+    tx.exec_later(&sql::PUT_BLOB_SQL, params![digest, canonical, now_ms])?;
     Ok(())
 }
 

@@ -19,8 +19,10 @@ pub struct Actor<'a> {
     pub generation: Option<i64>,
 }
 
-/// Append an event at the run's next revision (`insert_strict`: it must insert). The caller has
-/// already read the run inside this transaction. Returns the new revision.
+/// Append an event at the run's next revision. The caller has already read the run inside
+/// this transaction. Deferred ([`Tx::defer`]): on PostgreSQL it goes out with the operation's
+/// next statement or its `COMMIT`; `UNIQUE(resource_id, revision)` still refuses a second event
+/// at one revision, failing the transaction.
 pub fn append(
     tx: &dyn Tx,
     run_id: &str,
@@ -28,29 +30,23 @@ pub fn append(
     payload: &Value,
     actor: &Actor<'_>,
     now_ms: i64,
-) -> Result<i64> {
+) -> Result<()> {
     // Every write takes its run's lock first; this is the backstop that keeps max + 1 exact
     // on PostgreSQL even for a path that did not (free when the lock is held).
     tx.lock_run(run_id)?;
-    let revision: i64 = tx
-        .row(
-            &sql::INSERT_EVENT_SQL,
-            params![
-                run_id,
-                kind,
-                actor.kind,
-                actor.id.as_deref(),
-                actor.generation,
-                into_text(to_vec(payload)),
-                Option::<&str>::None,
-                now_ms
-            ],
-            |r| r.get(0),
-        )?
-        .ok_or_else(|| LedgerError::RunNotFound {
-            run_id: run_id.to_owned(),
-        })?;
-    Ok(revision)
+    tx.exec_later(
+        &sql::INSERT_EVENT_SQL,
+        params![
+            run_id,
+            kind,
+            actor.kind,
+            actor.id.as_deref(),
+            actor.generation,
+            into_text(to_vec(payload)),
+            Option::<&str>::None,
+            now_ms
+        ],
+    )
 }
 
 /// The largest page `list` returns.

@@ -250,7 +250,7 @@ pub fn claim(
     let current = if let Some(lease) = found {
         lease
     } else {
-        tx.exec(&sql::CREATE_LEASE_SQL, params![run_id])?;
+        tx.exec_later(&sql::CREATE_LEASE_SQL, params![run_id])?;
         read(tx, run_id)?
     };
     let held_by_other = current
@@ -285,7 +285,7 @@ pub fn claim(
         ("owner_id".into(), Value::Str(spec.runner_id.clone())),
     ];
     if status == "queued" {
-        tx.exec(&sql::CLAIM_STARTING_SQL, params![run_id, now_ms])?;
+        tx.exec_later(&sql::CLAIM_STARTING_SQL, params![run_id, now_ms])?;
         payload.push(("status".into(), Value::Str("starting".into())));
     }
     let actor = Actor {

@@ -121,7 +121,7 @@ fn continue_parent(tx: &dyn Tx, req: &NewQueuedRun, parent: &str, now_ms: i64) -
             lease.owner_id.unwrap_or_default()
         )));
     }
-    tx.exec(
+    tx.exec_later(
         &sql::SET_RUN_STATUS_SQL,
         params![parent, "completed", Option::<&str>::None, now_ms],
     )?;
@@ -166,11 +166,11 @@ fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
     ] {
         blobs::put_digested(tx, &json.digest, json.text.as_bytes(), now_ms)?;
     }
-    tx.exec(
+    tx.exec_later(
         &sql::DEFINITION_INSERT_SQL,
         params![req.definition.digest, req.workflow_name, now_ms],
     )?;
-    tx.exec(
+    tx.exec_later(
         &sql::RESERVE_RUN_INSERT_SQL,
         params![
             req.run_id,
@@ -186,7 +186,7 @@ fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
             now_ms
         ],
     )?;
-    tx.exec(&sql::CREATE_LEASE_SQL, params![&req.run_id])?;
+    tx.exec_later(&sql::CREATE_LEASE_SQL, params![&req.run_id])?;
     let payload = Value::Object(vec![
         (
             "definition_digest".into(),

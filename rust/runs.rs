@@ -223,7 +223,7 @@ fn insert_spine(tx: &dyn Tx, s: &Spine<'_>, now_ms: i64) -> Result<()> {
     );
     inserted.map_err(|e| guard_error(tx, &e, s.scope_key, s.workflow_ref))?;
     for (i, step) in s.steps.iter().enumerate() {
-        tx.exec(
+        tx.exec_later(
             &sql::START_RUN_STEP_SQL,
             params![
                 s.run_id,
@@ -640,7 +640,7 @@ pub fn complete_step(
             ));
         }
         let completed_at = (result.status != "blocked").then_some(now_ms);
-        tx.exec(
+        tx.exec_later(
             &sql::COMPLETE_STEP_SQL,
             params![
                 run_id,
@@ -663,8 +663,8 @@ pub fn complete_step(
                 let next: Option<String> =
                     tx.row(&sql::NEXT_STEP_SQL, params![run_id, seq], |r| r.get(0))?;
                 if let Some(next) = next {
-                    tx.exec(&sql::ACTIVATE_STEP_SQL, params![run_id, next])?;
-                    tx.exec(
+                    tx.exec_later(&sql::ACTIVATE_STEP_SQL, params![run_id, next])?;
+                    tx.exec_later(
                         &sql::SET_RUN_STATUS_SQL,
                         params![run_id, "active", next, now_ms],
                     )?;
@@ -690,7 +690,7 @@ pub fn block_run(
         let state = run_state(tx, run_id)?;
         require_active(run_id, &state)?;
         if let Some(step) = &state.current_step_id {
-            tx.exec(&sql::BLOCK_STEP_SQL, params![run_id, step, notes])?;
+            tx.exec_later(&sql::BLOCK_STEP_SQL, params![run_id, step, notes])?;
         }
         let current = state.current_step_id.clone();
         transition(
@@ -722,7 +722,7 @@ pub fn resume_run(store: &mut dyn Store, run_id: &str, now_ms: i64) -> Result<Ru
             }
         }
         if let Some(step) = &state.current_step_id {
-            tx.exec(&sql::REOPEN_STEP_SQL, params![run_id, step])?;
+            tx.exec_later(&sql::REOPEN_STEP_SQL, params![run_id, step])?;
         }
         let current = state.current_step_id.clone();
         transition(
@@ -773,7 +773,7 @@ pub fn set_outputs(
         leases::check(tx, run_id, fence, now_ms)?;
         run_state(tx, run_id)?;
         blobs::put_digested(tx, &outputs.digest, outputs.text.as_bytes(), now_ms)?;
-        tx.exec(
+        tx.exec_later(
             &sql::SET_OUTPUTS_SQL,
             params![run_id, outputs.digest, now_ms],
         )?;

@@ -4,7 +4,7 @@
 //! [`Store`] and [`Tx`] are the only seam between the operations and SQL (River's driver
 //! idea, kept internal): the operations in `runs`, `attempts`, `queue`, `leases`, `events` and
 //! `blobs` are written once against `&dyn Tx`; `sqlite` (rusqlite, `bundled`) and `postgres`
-//! (the `postgres` crate, behind the `postgres` feature) implement it. Statements live in
+//! (`tokio-postgres` driven synchronously, behind the `postgres` feature) implement it. Statements live in
 //! [`sql`], one text per dialect where the dialects differ.
 
 use crate::errors::{LedgerError, Result};
@@ -331,6 +331,11 @@ pub trait Tx {
         params: &[&dyn ToSql],
         each: &mut dyn FnMut(&dyn Row) -> DbResult<bool>,
     ) -> DbResult<()>;
+    /// Execute a statement whose outcome the operation does not read; its failure still fails
+    /// the transaction. SQLite runs it at once. PostgreSQL queues it to go out with the next
+    /// statement the operation waits for, or with the `COMMIT`, in the same round trip
+    /// (pipelining): the error, if any, surfaces there.
+    fn defer(&self, sql: &Sql, params: &[&dyn ToSql]) -> DbResult<()>;
     /// The ledger error for a failed statement of this transaction's operation.
     fn fail(&self, err: &DbError) -> LedgerError;
     /// Take the run's row lock for the rest of the transaction: every write on a run begins
@@ -343,6 +348,11 @@ impl dyn Tx + '_ {
     /// Execute a statement; the number of rows changed.
     pub fn exec(&self, sql: &Sql, params: &[&dyn ToSql]) -> Result<usize> {
         self.execute(sql, params, false).map_err(|e| self.fail(&e))
+    }
+
+    /// [`Tx::defer`] a statement: executed by the time the transaction commits.
+    pub fn exec_later(&self, sql: &Sql, params: &[&dyn ToSql]) -> Result<()> {
+        self.defer(sql, params).map_err(|e| self.fail(&e))
     }
 
     /// Execute a statement whose failure the caller interprets (a constraint that means

@@ -17,15 +17,23 @@
 //! SQLite. Hosts sharing a database must keep their clocks in sync (NTP); a lease should be far
 //! longer than the skew between them.
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use postgres::error::SqlState;
-use postgres::types::{to_sql_checked, IsNull, ToSql as PgToSql, Type};
-use postgres::{Client, Config, NoTls, Statement};
+use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{to_sql_checked, IsNull, ToSql as PgToSql, Type};
+use tokio_postgres::{Client, Config, Error as PgError, NoTls, Statement};
+
+type PgResult<T> = std::result::Result<T, PgError>;
 
 use crate::errors::{LedgerError, Result};
 use crate::store::{
@@ -109,7 +117,7 @@ impl Target {
         } else {
             format!("{base}?{}", rest.join("&"))
         };
-        let mut config: Config = conninfo.parse().map_err(|e: postgres::Error| {
+        let mut config: Config = conninfo.parse().map_err(|e: PgError| {
             LedgerError::invalid(
                 "target",
                 format!(
@@ -125,9 +133,9 @@ impl Target {
         let host = config.get_hosts().first().map_or_else(
             || "localhost".to_owned(),
             |h| match h {
-                postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
                 #[cfg(unix)]
-                postgres::config::Host::Unix(path) => path.display().to_string(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
             },
         );
         let port = config.get_ports().first().copied().unwrap_or(5432);
@@ -141,8 +149,10 @@ impl Target {
         })
     }
 
-    fn connect(&self) -> Result<Client> {
-        self.config.connect(NoTls).map_err(|e| {
+    /// Connect on `runtime`; the connection's task is spawned there and runs whenever the
+    /// store waits on a request.
+    fn connect(&self, runtime: &Runtime) -> Result<(Client, JoinHandle<()>)> {
+        let (client, connection) = runtime.block_on(self.config.connect(NoTls)).map_err(|e| {
             let password = self.config.get_password();
             LedgerError::Store {
                 operation: "connecting to PostgreSQL".into(),
@@ -153,7 +163,12 @@ impl Target {
                     scrub(&error_text(&e), password)
                 ),
             }
-        })
+        })?;
+        // The task's own error (the socket closing) reaches the client's next request.
+        let task = runtime.spawn(async move {
+            let _ = connection.await;
+        });
+        Ok((client, task))
     }
 }
 
@@ -166,7 +181,7 @@ fn scrub(text: &str, password: Option<&[u8]>) -> String {
 }
 
 /// The most useful text of a driver error: the server's message (and detail) if it sent one.
-fn error_text(e: &postgres::Error) -> String {
+fn error_text(e: &PgError) -> String {
     if let Some(db) = e.as_db_error() {
         return match db.detail() {
             Some(detail) => format!("{}: {detail}", db.message()),
@@ -184,7 +199,7 @@ fn error_text(e: &postgres::Error) -> String {
 }
 
 /// Classify a driver error.
-fn classify(target: &Target, e: &postgres::Error) -> DbError {
+fn classify(target: &Target, e: &PgError) -> DbError {
     if let Some(code) = e.code() {
         if *code == SqlState::T_R_SERIALIZATION_FAILURE
             || *code == SqlState::T_R_DEADLOCK_DETECTED
@@ -237,7 +252,7 @@ fn classify(target: &Target, e: &postgres::Error) -> DbError {
     DbError::new(DbErrorKind::Other, error_text(e))
 }
 
-fn unavailable(target: &Target, e: &postgres::Error) -> DbError {
+fn unavailable(target: &Target, e: &PgError) -> DbError {
     DbError::new(
         DbErrorKind::Unavailable,
         format!(
@@ -265,8 +280,19 @@ fn placeholders(text: &str) -> String {
 }
 
 /// One PostgreSQL connection with its settings checked and its statements cached.
+///
+/// The driver is `tokio-postgres` on a private single-thread runtime, driven synchronously
+/// (`block_on`, with the GIL released by the caller), because only the asynchronous client
+/// pipelines: a transaction sends the statements whose results it does not read together with
+/// the next one it does read, or with the `COMMIT` (see [`Tx`]). On this loopback a round trip
+/// costs more than executing any ledger statement, so round trips are the unit of cost here.
 pub struct PgStore {
-    client: Client,
+    /// Runs the connection task and every request of this ledger, one at a time.
+    runtime: Runtime,
+    /// `None` only while being dropped.
+    client: Option<Client>,
+    /// The connection task: it ends when the client is dropped or the server goes away.
+    task: Option<JoinHandle<()>>,
     target: Target,
     opts: OpenOptions,
     /// Prepared statements by their SQL text (each `Sql` is a `'static` constant).
@@ -284,14 +310,36 @@ impl std::fmt::Debug for PgStore {
     }
 }
 
+impl Drop for PgStore {
+    /// Close politely: dropping the client makes the connection task send Terminate and end;
+    /// wait (briefly) for it so the server does not log an abandoned session.
+    fn drop(&mut self) {
+        drop(self.client.take());
+        if let Some(task) = self.task.take() {
+            let _ = self
+                .runtime
+                .block_on(async { tokio::time::timeout(Duration::from_secs(1), task).await });
+        }
+    }
+}
+
 impl PgStore {
     /// Connect to `url`, choose the schema (`?schema=` or `schema`), apply the session settings
     /// and migrate.
     pub fn open(url: &str, schema: Option<&str>, opts: &OpenOptions, now_ms: i64) -> Result<Self> {
         let target = Target::parse(url, schema)?;
-        let client = target.connect()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| LedgerError::Store {
+                operation: "connecting to PostgreSQL".into(),
+                message: format!("cannot start the connection's I/O driver ({e})"),
+            })?;
+        let (client, task) = target.connect(&runtime)?;
         let mut store = Self {
-            client,
+            runtime,
+            client: Some(client),
+            task: Some(task),
             target,
             opts: opts.clone(),
             statements: HashMap::new(),
@@ -302,7 +350,26 @@ impl PgStore {
         Ok(store)
     }
 
-    fn fail(&self, op: &str, e: &postgres::Error) -> LedgerError {
+    fn client(&self) -> Result<&Client> {
+        self.client.as_ref().ok_or_else(|| LedgerError::Store {
+            operation: "using the connection".into(),
+            message: format!("the connection to {} is closed", self.target.label),
+        })
+    }
+
+    /// Run one request to completion.
+    fn block<'s, T, F: Future<Output = PgResult<T>>>(
+        &'s self,
+        op: &str,
+        request: impl FnOnce(&'s Client) -> F,
+    ) -> Result<T> {
+        let client = self.client()?;
+        self.runtime
+            .block_on(request(client))
+            .map_err(|e| self.fail(op, &e))
+    }
+
+    fn fail(&self, op: &str, e: &PgError) -> LedgerError {
         ledger_error(op, &self.target.label, &classify(&self.target, e))
     }
 
@@ -321,134 +388,160 @@ impl PgStore {
             self.target.schema,
             self.opts.busy_timeout_ms.max(1)
         );
-        self.client
-            .batch_execute(&settings)
-            .map_err(|e| self.fail("configuring the database", &e))
+        self.block("configuring the database", |c| c.batch_execute(&settings))
     }
 
     /// Apply pending migrations under an advisory lock: concurrent openers of a fresh database
     /// wait for the first, then find nothing to do.
     fn migrate(&mut self, now_ms: i64) -> Result<()> {
         let op = "applying schema migrations";
-        // Borrowed field by field: the transaction holds the client, messages read the target.
         let target = &self.target;
         let (schema, label) = (&target.schema, &target.label);
-        let fail = |e: postgres::Error| ledger_error(op, label, &classify(target, &e));
-        let mut tx = self.client.transaction().map_err(fail)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .map_err(fail)?;
-        tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
-            .map_err(fail)?;
-        let has_ledger: i64 = tx
-            .query_one(
-                "SELECT count(*) FROM information_schema.tables
-                 WHERE table_schema = $1 AND table_name = 'schema_migrations'",
-                &[schema],
-            )
-            .map_err(fail)?
-            .get(0);
-        if has_ledger == 0 {
-            // A schema with tables but no migration ledger belongs to someone else.
-            let foreign: i64 = tx
+        let fail = |e: PgError| ledger_error(op, label, &classify(target, &e));
+        let client = self.client.as_mut().ok_or_else(|| LedgerError::Store {
+            operation: op.into(),
+            message: format!("the connection to {label} is closed"),
+        })?;
+        self.runtime.block_on(async {
+            let tx = client.transaction().await.map_err(fail)?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+                .await
+                .map_err(fail)?;
+            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+                .await
+                .map_err(fail)?;
+            let has_ledger: i64 = tx
                 .query_one(
-                    "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
+                    "SELECT count(*) FROM information_schema.tables
+                     WHERE table_schema = $1 AND table_name = 'schema_migrations'",
                     &[schema],
                 )
+                .await
                 .map_err(fail)?
                 .get(0);
-            if foreign > 0 {
-                return Err(LedgerError::Store {
-                    operation: op.into(),
-                    message: format!(
-                        "schema {schema} of {label} holds other tables and no schema_migrations; \
-                         it is not a fencepost ledger: choose another schema (?schema=)"
-                    ),
-                });
+            if has_ledger == 0 {
+                // A schema with tables but no migration ledger belongs to someone else.
+                let foreign: i64 = tx
+                    .query_one(
+                        "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
+                        &[schema],
+                    )
+                    .await
+                    .map_err(fail)?
+                    .get(0);
+                if foreign > 0 {
+                    return Err(LedgerError::Store {
+                        operation: op.into(),
+                        message: format!(
+                            "schema {schema} of {label} holds other tables and no \
+                             schema_migrations; it is not a fencepost ledger: choose another \
+                             schema (?schema=)"
+                        ),
+                    });
+                }
+                tx.batch_execute(
+                    "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY,
+                     name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
+                )
+                .await
+                .map_err(fail)?;
             }
-            tx.batch_execute(
-                "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY,
-                 name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
-            )
-            .map_err(fail)?;
-        }
-        let applied: Vec<(i64, String)> = tx
-            .query(
-                "SELECT version, name FROM schema_migrations ORDER BY version",
-                &[],
-            )
-            .map_err(fail)?
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
-        for m in migrate::pending(&applied, migrate::POSTGRES_MIGRATIONS, label)? {
-            let step = format!("applying schema migration {} ({})", m.version, m.name);
-            let fail_step = |e: postgres::Error| ledger_error(&step, label, &classify(target, &e));
-            tx.batch_execute(m.sql).map_err(fail_step)?;
-            tx.execute(
-                "INSERT INTO schema_migrations(version, name, applied_at) VALUES ($1, $2, $3)",
-                &[&m.version, &m.name, &now_ms],
-            )
-            .map_err(fail_step)?;
-        }
-        tx.commit().map_err(fail)
+            let applied: Vec<(i64, String)> = tx
+                .query(
+                    "SELECT version, name FROM schema_migrations ORDER BY version",
+                    &[],
+                )
+                .await
+                .map_err(fail)?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            for m in migrate::pending(&applied, migrate::POSTGRES_MIGRATIONS, label)? {
+                let step = format!("applying schema migration {} ({})", m.version, m.name);
+                let fail_step = |e: PgError| ledger_error(&step, label, &classify(target, &e));
+                tx.batch_execute(m.sql).await.map_err(fail_step)?;
+                tx.execute(
+                    "INSERT INTO schema_migrations(version, name, applied_at) VALUES ($1, $2, $3)",
+                    &[&m.version, &m.name, &now_ms],
+                )
+                .await
+                .map_err(fail_step)?;
+            }
+            tx.commit().await.map_err(fail)
+        })
     }
 
     /// Reconnect after the server dropped the connection (a restart, a failover, an idle
     /// timeout): a new session with the same settings and an empty statement cache.
     fn ensure_connected(&mut self) -> Result<()> {
-        if !self.broken && !self.client.is_closed() {
+        if !self.broken && self.client.as_ref().is_some_and(|c| !c.is_closed()) {
             return Ok(());
         }
-        self.client = self.target.connect()?;
+        drop(self.client.take());
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        let (client, task) = self.target.connect(&self.runtime)?;
+        self.client = Some(client);
+        self.task = Some(task);
         self.statements.clear();
         self.broken = false;
         self.configure()
     }
 
+    /// One attempt at a transaction. `BEGIN` is not sent on its own: it is queued, and goes out
+    /// with the body's first statement (a body that sends nothing costs no round trip at all).
     fn run_once(
         &mut self,
         op: &str,
-        begin: &str,
+        begin: &'static str,
         commit: bool,
         body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
     ) -> std::result::Result<(), Attempt> {
         let target = &self.target;
-        if let Err(e) = self.client.batch_execute(begin) {
-            self.broken = classify(target, &e).kind == DbErrorKind::Unavailable;
-            return Err(Attempt::from_pg(op, target, &e));
-        }
+        let Some(client) = self.client.as_ref() else {
+            return Err(Attempt::Failed(LedgerError::Store {
+                operation: op.into(),
+                message: format!("the connection to {} is closed", target.label),
+            }));
+        };
         let tx = Tx {
-            client: RefCell::new(&mut self.client),
+            runtime: &self.runtime,
+            client,
             statements: RefCell::new(&mut self.statements),
             target,
             op,
+            queued: RefCell::new(vec![Queued::Simple(begin.into())]),
+            sent: Cell::new(false),
             retry: Cell::new(None),
             locked: RefCell::new(Vec::new()),
             savepoint: Cell::new(0),
             lost: Cell::new(false),
         };
-        let out = body(&tx);
-        let retry = tx.retry.get();
-        self.broken = tx.lost.get();
+        let mut out = body(&tx);
+        if out.is_ok() && commit && (tx.sent.get() || tx.queued.borrow().len() > 1) {
+            // The writes the body left queued go out with the COMMIT, in one round trip. If one
+            // of them fails, the server answers the COMMIT with a rollback: nothing is written.
+            out = tx
+                .send(Some(Req::Simple("COMMIT")), false)
+                .map(|_| ())
+                .map_err(|e| crate::store::Tx::fail(&tx, &e));
+        } else {
+            // A read, or a refused write: end the transaction (a failed ROLLBACK means the
+            // connection is gone, which the next call repairs).
+            tx.roll_back();
+        }
+        let (retry, lost) = (tx.retry.get(), tx.lost.get());
         drop(tx);
+        self.broken = lost;
         match out {
-            Ok(()) if commit => self.client.batch_execute("COMMIT").map_err(|e| {
-                self.broken = classify(target, &e).kind == DbErrorKind::Unavailable;
-                Attempt::from_pg(op, target, &e)
-            }),
-            Ok(()) => {
-                let _ = self.client.batch_execute("ROLLBACK");
-                Ok(())
-            }
-            Err(e) => {
-                // Nothing the refused operation wrote survives. A failed ROLLBACK means the
-                // connection is gone, which the next call repairs.
-                let _ = self.client.batch_execute("ROLLBACK");
-                match retry {
-                    Some(kind) => Err(Attempt::Retry(kind, e)),
-                    None => Err(Attempt::Failed(e)),
-                }
-            }
+            Ok(()) => Ok(()),
+            // After a failed COMMIT pipeline the transaction is over too: the server answered
+            // the COMMIT of an aborted transaction with a rollback.
+            Err(e) => match retry {
+                Some(kind) => Err(Attempt::Retry(kind, e)),
+                None => Err(Attempt::Failed(e)),
+            },
         }
     }
 }
@@ -466,17 +559,6 @@ enum Attempt {
 enum RetryKind {
     Busy,
     Unique,
-}
-
-impl Attempt {
-    fn from_pg(op: &str, target: &Target, e: &postgres::Error) -> Self {
-        let err = classify(target, e);
-        let ledger = ledger_error(op, &target.label, &err);
-        match err.kind {
-            DbErrorKind::Busy => Self::Retry(RetryKind::Busy, ledger),
-            _ => Self::Failed(ledger),
-        }
-    }
 }
 
 impl Store for PgStore {
@@ -535,15 +617,13 @@ impl Store for PgStore {
 
     fn pragmas(&mut self) -> Result<Pragmas> {
         self.ensure_connected()?;
-        let op = "reading settings";
-        let row = self
-            .client
-            .query_one(
+        let row = self.block("reading settings", |c| {
+            c.query_one(
                 "SELECT current_setting('synchronous_commit'), current_setting('lock_timeout'),
                    (SELECT coalesce(max(version), 0) FROM schema_migrations)",
                 &[],
             )
-            .map_err(|e| self.fail(op, &e))?;
+        })?;
         let sync: String = row.get(0);
         let lock_timeout: String = row.get(1);
         Ok(Pragmas {
@@ -569,7 +649,6 @@ impl Store for PgStore {
                 migrate::SCHEMA_VERSION
             )]);
         }
-        let op = "checking integrity";
         for table in [
             "blobs",
             "definitions",
@@ -580,9 +659,8 @@ impl Store for PgStore {
             "leases",
             "events",
         ] {
-            self.client
-                .batch_execute(&format!("SELECT 1 FROM {table} LIMIT 1"))
-                .map_err(|e| self.fail(op, &e))?;
+            let text = format!("SELECT 1 FROM {table} LIMIT 1");
+            self.block("checking integrity", |c| c.batch_execute(&text))?;
         }
         Ok(vec!["ok".into()])
     }
@@ -600,15 +678,137 @@ fn parse_ms(setting: &str) -> i64 {
     }
 }
 
+/// The most requests a transaction queues before it sends them (a long one-by-one batch).
+const MAX_QUEUED: usize = 64;
+
+/// A request queued to go out with the next one the transaction waits for.
+enum Queued {
+    /// A command without parameters (`BEGIN`, `RELEASE SAVEPOINT ...`).
+    Simple(Cow<'static, str>),
+    /// A prepared statement and its parameters, owned until sent.
+    Exec(Statement, Vec<Owned>),
+}
+
+impl Queued {
+    fn req(&self) -> Req<'_> {
+        match self {
+            Self::Simple(text) => Req::Simple(text),
+            Self::Exec(statement, values) => {
+                Req::Exec(statement, values.iter().map(|v| Bind(v.value())).collect())
+            }
+        }
+    }
+}
+
+/// A parameter value owned by a queued statement.
+enum Owned {
+    Null,
+    Int(i64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+impl Owned {
+    fn of(value: SqlValue<'_>) -> Self {
+        match value {
+            SqlValue::Null => Self::Null,
+            SqlValue::Int(v) => Self::Int(v),
+            SqlValue::Text(s) => Self::Text(s.to_owned()),
+            SqlValue::Blob(b) => Self::Blob(b.to_vec()),
+        }
+    }
+
+    fn value(&self) -> SqlValue<'_> {
+        match self {
+            Self::Null => SqlValue::Null,
+            Self::Int(v) => SqlValue::Int(*v),
+            Self::Text(s) => SqlValue::Text(s),
+            Self::Blob(b) => SqlValue::Blob(b),
+        }
+    }
+}
+
+/// One request of a pipeline.
+enum Req<'r> {
+    Simple(&'r str),
+    Exec(&'r Statement, Vec<Bind<'r>>),
+    Query(&'r Statement, Vec<Bind<'r>>),
+}
+
+/// Its answer.
+enum Resp {
+    Done,
+    Count(u64),
+    Rows(Vec<tokio_postgres::Row>),
+}
+
+type Pending<'f, T> = Pin<Box<dyn Future<Output = T> + 'f>>;
+
+fn request<'f>(client: &'f Client, req: &'f Req<'f>) -> Pending<'f, PgResult<Resp>> {
+    fn refs<'b>(binds: &'b [Bind<'_>]) -> Vec<&'b (dyn PgToSql + Sync)> {
+        binds.iter().map(|b| b as &(dyn PgToSql + Sync)).collect()
+    }
+    match req {
+        Req::Simple(text) => {
+            Box::pin(async move { client.batch_execute(text).await.map(|()| Resp::Done) })
+        }
+        Req::Exec(statement, binds) => Box::pin(async move {
+            client
+                .execute(*statement, &refs(binds))
+                .await
+                .map(Resp::Count)
+        }),
+        Req::Query(statement, binds) => {
+            Box::pin(async move { client.query(*statement, &refs(binds)).await.map(Resp::Rows) })
+        }
+    }
+}
+
+/// Poll `futures` in order until all are done: each one's first poll sends its request, so
+/// the requests leave in order, back to back, before the first answer is awaited.
+async fn in_order<T>(mut futures: Vec<Pending<'_, T>>) -> Vec<T> {
+    let mut done: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut waiting = false;
+        for (future, slot) in futures.iter_mut().zip(done.iter_mut()) {
+            if slot.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(v) => *slot = Some(v),
+                    Poll::Pending => waiting = true,
+                }
+            }
+        }
+        if waiting {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    done.into_iter().flatten().collect()
+}
+
 /// An open transaction on the connection.
+///
+/// Statements whose results the operation does not read (the run's row lock, the writes after
+/// the last read: [`crate::store::Tx::defer`]) are queued, not sent: they go out in one
+/// pipeline with the next statement the operation waits for, or with the `COMMIT`. The server
+/// runs them in order, each after the previous one finished, so the transaction means exactly
+/// what the one-by-one statements meant; a failure among them fails the statement waited for
+/// (the first error is reported) and turns the `COMMIT` into a rollback.
 pub struct Tx<'a> {
-    client: RefCell<&'a mut Client>,
+    runtime: &'a Runtime,
+    client: &'a Client,
     statements: RefCell<&'a mut HashMap<&'static str, Statement>>,
     target: &'a Target,
     op: &'a str,
+    /// Requests not sent yet; the first is the transaction's `BEGIN`.
+    queued: RefCell<Vec<Queued>>,
+    /// Whether anything (so the `BEGIN`) has gone out: only then is there a transaction to end.
+    sent: Cell<bool>,
     /// Set when a statement failed in a way that re-running the transaction can cure.
     retry: Cell<Option<RetryKind>>,
-    /// Runs whose row lock this transaction holds.
+    /// Runs whose row lock this transaction holds (or has queued).
     locked: RefCell<Vec<String>>,
     /// Savepoints taken (for statements whose failure the caller interprets).
     savepoint: Cell<u32>,
@@ -617,7 +817,7 @@ pub struct Tx<'a> {
 }
 
 impl Tx<'_> {
-    fn classify(&self, e: &postgres::Error, interpret: bool) -> DbError {
+    fn classify(&self, e: &PgError, interpret: bool) -> DbError {
         let err = classify(self.target, e);
         match &err.kind {
             DbErrorKind::Busy => self.retry.set(Some(RetryKind::Busy)),
@@ -628,62 +828,49 @@ impl Tx<'_> {
         err
     }
 
-    fn statement(&self, text: &'static str) -> std::result::Result<Statement, postgres::Error> {
+    fn statement(&self, text: &'static str, interpret: bool) -> DbResult<Statement> {
         if let Some(s) = self.statements.borrow().get(text) {
             return Ok(s.clone());
         }
-        let prepared = self.client.borrow_mut().prepare(&placeholders(text))?;
+        let prepared = self
+            .runtime
+            .block_on(self.client.prepare(&placeholders(text)))
+            .map_err(|e| self.classify(&e, interpret))?;
         self.statements.borrow_mut().insert(text, prepared.clone());
         Ok(prepared)
     }
 
-    fn run<T>(
-        &self,
-        sql: &Sql,
-        params: &[&dyn ToSql],
-        interpret: bool,
-        f: impl FnOnce(
-            &mut Client,
-            &Statement,
-            &[&(dyn postgres::types::ToSql + Sync)],
-        ) -> std::result::Result<T, postgres::Error>,
-    ) -> DbResult<T> {
-        let stmt = self
-            .statement(sql.postgres)
-            .map_err(|e| self.classify(&e, interpret))?;
-        let values: Vec<Bind<'_>> = params.iter().map(|p| Bind(p.to_sql())).collect();
-        let refs: Vec<&(dyn postgres::types::ToSql + Sync)> = values
-            .iter()
-            .map(|v| v as &(dyn postgres::types::ToSql + Sync))
-            .collect();
-        if !interpret {
-            let mut client = self.client.borrow_mut();
-            return f(&mut client, &stmt, &refs).map_err(|e| self.classify(&e, false));
+    /// Send the queued requests and `last` in one round trip; `last`'s answer. A queued
+    /// request's failure is reported first (what followed it failed because of it).
+    fn send(&self, last: Option<Req<'_>>, interpret: bool) -> DbResult<Option<Resp>> {
+        let queued = std::mem::take(&mut *self.queued.borrow_mut());
+        let mut reqs: Vec<Req<'_>> = queued.iter().map(Queued::req).collect();
+        let waited = last.is_some();
+        reqs.extend(last);
+        if reqs.is_empty() {
+            return Ok(None);
         }
-        // PostgreSQL aborts the whole transaction on a failed statement; a savepoint keeps it
-        // usable so the caller can act on the failure (the scope guard names its occupant).
-        let n = self.savepoint.get() + 1;
-        self.savepoint.set(n);
-        let mut client = self.client.borrow_mut();
-        client
-            .batch_execute(&format!("SAVEPOINT fp_{n}"))
-            .map_err(|e| self.classify(&e, true))?;
-        match f(&mut client, &stmt, &refs) {
-            Ok(v) => {
-                client
-                    .batch_execute(&format!("RELEASE SAVEPOINT fp_{n}"))
-                    .map_err(|e| self.classify(&e, true))?;
-                Ok(v)
-            }
-            Err(e) => {
-                let err = self.classify(&e, true);
-                client
-                    .batch_execute(&format!("ROLLBACK TO SAVEPOINT fp_{n}"))
-                    .map_err(|e| self.classify(&e, true))?;
-                Err(err)
-            }
+        self.sent.set(true);
+        let futures = reqs.iter().map(|r| request(self.client, r)).collect();
+        let mut answers = self.runtime.block_on(in_order(futures));
+        let answer = if waited { answers.pop() } else { None };
+        if let Some(e) = answers.into_iter().find_map(std::result::Result::err) {
+            return Err(self.classify(&e, false));
+        }
+        answer.transpose().map_err(|e| self.classify(&e, interpret))
+    }
+
+    /// End a transaction that must not commit: whatever is still queued is dropped unsent.
+    fn roll_back(&self) {
+        self.queued.borrow_mut().clear();
+        if self.sent.get() {
+            let _ = self.send(Some(Req::Simple("ROLLBACK")), false);
         }
     }
+}
+
+fn binds<'p>(params: &'p [&dyn ToSql]) -> Vec<Bind<'p>> {
+    params.iter().map(|p| Bind(p.to_sql())).collect()
 }
 
 /// A parameter bound to whatever type PostgreSQL inferred for its placeholder: integers fit
@@ -691,7 +878,7 @@ impl Tx<'_> {
 #[derive(Debug)]
 struct Bind<'a>(SqlValue<'a>);
 
-impl postgres::types::ToSql for Bind<'_> {
+impl PgToSql for Bind<'_> {
     fn to_sql(
         &self,
         ty: &Type,
@@ -719,11 +906,11 @@ impl postgres::types::ToSql for Bind<'_> {
 }
 
 /// A driver row behind the neutral [`Row`].
-struct PgRow<'a>(&'a postgres::Row);
+struct PgRow<'a>(&'a tokio_postgres::Row);
 
 impl Row for PgRow<'_> {
     fn value(&self, index: usize) -> DbResult<SqlValue<'_>> {
-        let type_error = |e: postgres::Error| DbError::new(DbErrorKind::Type, e.to_string());
+        let type_error = |e: PgError| DbError::new(DbErrorKind::Type, e.to_string());
         let column = self
             .0
             .columns()
@@ -775,8 +962,36 @@ impl crate::store::Tx for Tx<'_> {
         if sql.postgres.is_empty() {
             return Ok(0);
         }
-        let n = self.run(sql, params, interpret, |c, s, p| c.execute(s, p))?;
-        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+        let statement = self.statement(sql.postgres, interpret)?;
+        let count = |r: Option<Resp>| match r {
+            Some(Resp::Count(n)) => usize::try_from(n).unwrap_or(usize::MAX),
+            _ => 0,
+        };
+        if !interpret {
+            return self
+                .send(Some(Req::Exec(&statement, binds(params))), false)
+                .map(count);
+        }
+        // PostgreSQL aborts the whole transaction on a failed statement; a savepoint keeps it
+        // usable so the caller can act on the failure (the scope guard names its occupant).
+        let n = self.savepoint.get() + 1;
+        self.savepoint.set(n);
+        self.queued
+            .borrow_mut()
+            .push(Queued::Simple(format!("SAVEPOINT fp_{n}").into()));
+        match self.send(Some(Req::Exec(&statement, binds(params))), true) {
+            Ok(r) => {
+                self.queued
+                    .borrow_mut()
+                    .push(Queued::Simple(format!("RELEASE SAVEPOINT fp_{n}").into()));
+                Ok(count(r))
+            }
+            Err(err) => {
+                let undo = format!("ROLLBACK TO SAVEPOINT fp_{n}");
+                self.send(Some(Req::Simple(&undo)), true)?;
+                Err(err)
+            }
+        }
     }
 
     fn query(
@@ -788,11 +1003,32 @@ impl crate::store::Tx for Tx<'_> {
         if sql.postgres.is_empty() {
             return Ok(());
         }
-        let rows = self.run(sql, params, false, |c, s, p| c.query(s, p))?;
-        for row in &rows {
-            if !each(&PgRow(row))? {
-                break;
+        let statement = self.statement(sql.postgres, false)?;
+        if let Some(Resp::Rows(rows)) =
+            self.send(Some(Req::Query(&statement, binds(params))), false)?
+        {
+            for row in &rows {
+                if !each(&PgRow(row))? {
+                    break;
+                }
             }
+        }
+        Ok(())
+    }
+
+    fn defer(&self, sql: &Sql, params: &[&dyn ToSql]) -> DbResult<()> {
+        if sql.postgres.is_empty() {
+            return Ok(());
+        }
+        let statement = self.statement(sql.postgres, false)?;
+        let values = params.iter().map(|p| Owned::of(p.to_sql())).collect();
+        let full = {
+            let mut queued = self.queued.borrow_mut();
+            queued.push(Queued::Exec(statement, values));
+            queued.len() >= MAX_QUEUED
+        };
+        if full {
+            self.send(None, false)?;
         }
         Ok(())
     }
@@ -801,30 +1037,14 @@ impl crate::store::Tx for Tx<'_> {
         ledger_error(self.op, &self.target.label, err)
     }
 
+    /// Queued, not sent: the lock goes out with the operation's first read, in the same round
+    /// trip and ahead of it (so that read sees the previous writer's commit).
     fn lock_run(&self, run_id: &str) -> Result<()> {
         if self.locked.borrow().iter().any(|r| r == run_id) {
             return Ok(());
         }
-        let mut found = false;
-        crate::store::Tx::query(
-            self,
-            &sql::LOCK_RUN_SQL,
-            crate::params![run_id],
-            &mut |_| {
-                found = true;
-                Ok(false)
-            },
-        )
-        .map_err(|e| crate::store::Tx::fail(self, &e))?;
-        if !found {
-            crate::store::Tx::query(
-                self,
-                &sql::LOCK_NEW_RUN_SQL,
-                crate::params![run_id],
-                &mut |_| Ok(false),
-            )
+        crate::store::Tx::defer(self, &sql::LOCK_RUN_SQL, crate::params![run_id])
             .map_err(|e| crate::store::Tx::fail(self, &e))?;
-        }
         self.locked.borrow_mut().push(run_id.to_owned());
         Ok(())
     }

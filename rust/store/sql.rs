@@ -27,15 +27,13 @@ pub const INSERT_EVENT_SQL: Sql = Sql::split(
     "INSERT INTO events(resource_id, revision, type, actor_type,
     actor_id, generation, payload, idempotency_key, ts)
     SELECT ?1, coalesce(max(revision), 0) + 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
-    FROM events WHERE resource_id = ?1
-    RETURNING revision",
+    FROM events WHERE resource_id = ?1",
     "INSERT INTO events(resource_id, revision, type, actor_type,
     actor_id, generation, payload, idempotency_key, ts)
     SELECT CAST(?1 AS TEXT), coalesce(max(revision), 0) + 1, CAST(?2 AS TEXT),
       CAST(?3 AS TEXT), CAST(?4 AS TEXT), CAST(?5 AS BIGINT), CAST(?6 AS TEXT),
       CAST(?7 AS TEXT), CAST(?8 AS BIGINT)
-    FROM events WHERE resource_id = ?1
-    RETURNING revision",
+    FROM events WHERE resource_id = ?1",
 );
 /// `?2 IS NULL` / `?3 IS NULL` switch the filters off without changing the statement.
 pub const LIST_EVENTS_SQL: Sql = Sql::split(
@@ -74,13 +72,17 @@ pub const RUN_STATUS_SQL: Sql = Sql::same(
 );
 /// The run's row lock (`Tx::lock_run`). SQLite needs none: its IMMEDIATE transaction holds the
 /// database's one write lock.
-pub const LOCK_RUN_SQL: Sql = Sql::split("", "SELECT 1 FROM runs WHERE run_id = ?1 FOR UPDATE");
+///
 /// A run that does not exist yet has no row to lock: its creators (two `prepare_or_adopt` of
 /// one id) serialize on a transaction-scoped advisory lock of that id instead — one lock per
 /// run id, never a global one — so the second sees the first's committed run and adopts it.
-pub const LOCK_NEW_RUN_SQL: Sql = Sql::split(
+/// One statement for both cases, so the lock needs no answer and can be pipelined: the CTE
+/// locks the row if there is one, and only when there is none is the advisory lock taken.
+pub const LOCK_RUN_SQL: Sql = Sql::split(
     "",
-    "SELECT pg_advisory_xact_lock(hashtextextended('fencepost/run/' || CAST(?1 AS TEXT), 0))",
+    "WITH locked AS (SELECT 1 FROM runs WHERE run_id = ?1 FOR UPDATE)
+    SELECT pg_advisory_xact_lock(hashtextextended('fencepost/run/' || CAST(?1 AS TEXT), 0))
+    WHERE NOT EXISTS (SELECT 1 FROM locked)",
 );
 pub const RUN_EXISTS_SQL: Sql = Sql::same("SELECT 1 FROM runs WHERE run_id = ?1");
 

@@ -475,6 +475,14 @@ impl crate::store::Tx for Tx<'_> {
         Ok(())
     }
 
+    /// In-process: nothing to save by waiting, so it runs now.
+    fn defer(&self, sql: &Sql, params: &[&dyn ToSql]) -> DbResult<()> {
+        if sql.sqlite.is_empty() {
+            return Ok(());
+        }
+        self.execute(sql, params, false).map(|_| ())
+    }
+
     fn fail(&self, err: &DbError) -> LedgerError {
         ledger_error(self.op, self.label, err)
     }

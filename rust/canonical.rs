@@ -10,6 +10,7 @@
 //! enforces I-JSON limits; this module only orders and writes. It never touches Python, so the
 //! Python binding serializes and hashes with the interpreter detached.
 
+use std::cell::Cell;
 use std::cmp::Ordering;
 use std::fmt::Write as _;
 
@@ -207,6 +208,8 @@ enum Node {
 pub struct Doc {
     nodes: Vec<Node>,
     text: Vec<u8>,
+    /// The writer's output buffer, kept with the tape so that [`Doc::recycle`] keeps it too.
+    out: Vec<u8>,
 }
 
 /// A container opened on a [`Doc`] and not yet closed.
@@ -214,12 +217,42 @@ pub struct Doc {
 #[must_use = "close the container with Doc::end_array / Doc::end_object"]
 pub struct Open(usize);
 
+thread_local! {
+    /// The buffers of the last tape this thread finished with (see [`Doc::reuse`]).
+    static SPARE: Cell<Option<Doc>> = const { Cell::new(None) };
+}
+
+/// A tape whose buffers together exceed this many bytes is freed, not kept for reuse: one
+/// huge document should not pin its memory to the thread for good.
+const SPARE_MAX_BYTES: usize = 4 << 20;
+
 impl Doc {
+    /// An empty tape on the buffers this thread recycled last, or a new one. A 100 KB
+    /// document's tape is about half a megabyte; allocating it afresh on every call costs page
+    /// faults (measured: ~10% of a digest in the kernel), so hot callers reuse one per thread.
+    pub fn reuse() -> Self {
+        SPARE.take().unwrap_or_else(|| Self::with_capacity(256))
+    }
+
+    /// Hand this tape's buffers back for the thread's next [`Doc::reuse`].
+    pub fn recycle(mut self) {
+        let bytes = self.nodes.capacity() * std::mem::size_of::<Node>()
+            + self.text.capacity()
+            + self.out.capacity();
+        if bytes <= SPARE_MAX_BYTES {
+            self.nodes.clear();
+            self.text.clear();
+            self.out.clear();
+            SPARE.set(Some(self));
+        }
+    }
+
     /// An empty tape with room for about `nodes` nodes.
     pub fn with_capacity(nodes: usize) -> Self {
         Self {
             nodes: Vec::with_capacity(nodes),
             text: Vec::with_capacity(nodes * 8),
+            out: Vec::new(),
         }
     }
 
@@ -251,10 +284,11 @@ impl Doc {
     pub fn str(&mut self, value: &str) {
         let start = self.text.len();
         put(&mut self.text, value.as_bytes());
+        let plain = !needs_escape(value.as_bytes());
         self.nodes.push(Node::Str {
             start,
             len: value.len(),
-            plain: !needs_escape(value.as_bytes()),
+            plain,
         });
     }
 
@@ -262,10 +296,11 @@ impl Doc {
     pub fn key(&mut self, key: &str) {
         let start = self.text.len();
         put(&mut self.text, key.as_bytes());
+        let plain = !needs_escape(key.as_bytes());
         self.nodes.push(Node::Key {
             start,
             len: key.len(),
-            plain: !needs_escape(key.as_bytes()),
+            plain,
         });
     }
 
@@ -323,18 +358,30 @@ impl Doc {
 
     /// The canonical UTF-8 bytes (RFC 8785). An empty tape writes nothing.
     pub fn to_vec(&self) -> Vec<u8> {
-        let mut w = Writer::new(self, None);
+        let mut w = Writer::new(self, Vec::new(), None);
         w.run();
         w.out
     }
 
+    /// The canonical UTF-8 bytes, written into the tape's own (recycled) output buffer.
+    pub fn write(&mut self) -> &[u8] {
+        let out = std::mem::take(&mut self.out);
+        let mut w = Writer::new(self, out, None);
+        w.run();
+        self.out = w.out;
+        &self.out
+    }
+
     /// `"sha256:<hex>"` of [`Doc::to_vec`], hashed as it is written so a large document is
     /// never held in memory twice.
-    pub fn digest(&self) -> String {
-        let mut w = Writer::new(self, Some(Sha256::new()));
+    pub fn digest(&mut self) -> String {
+        let out = std::mem::take(&mut self.out);
+        let mut w = Writer::new(self, out, Some(Sha256::new()));
         w.run();
-        let mut hasher = w.hasher.take().unwrap_or_default();
-        hasher.update(&w.out);
+        let Writer { out, hasher, .. } = w;
+        let mut hasher = hasher.unwrap_or_default();
+        hasher.update(&out);
+        self.out = out;
         hex_digest(&hasher.finalize())
     }
 
@@ -355,20 +402,28 @@ fn extent(node: Node) -> usize {
 /// enough to amortize the hasher call, small enough to stay in L1/L2.
 const HASH_CHUNK: usize = 16 * 1024;
 
+/// An object member while its object is sorted.
+#[derive(Clone, Copy)]
+struct Member<'a> {
+    name: &'a [u8],
+    plain: bool,
+    value: usize,
+}
+
 struct Writer<'a> {
     doc: &'a Doc,
     out: Vec<u8>,
     /// `Some` when only the digest is wanted: `out` is then a bounded staging buffer.
     hasher: Option<Sha256>,
-    /// Scratch stack of (key bytes, key is plain, value node) used to sort each object's members; an object
-    /// uses the slice it pushed and truncates it when done.
-    members: Vec<(&'a [u8], bool, usize)>,
+    /// Scratch stack of members used to sort each object; an object uses the slice it pushed
+    /// and truncates it when done.
+    members: Vec<Member<'a>>,
     floats: ryu_js::Buffer,
     ints: itoa::Buffer,
 }
 
 impl<'a> Writer<'a> {
-    fn new(doc: &'a Doc, hasher: Option<Sha256>) -> Self {
+    fn new(doc: &'a Doc, mut out: Vec<u8>, hasher: Option<Sha256>) -> Self {
         // Every node writes at least about two bytes beyond its text (quotes, separators).
         let estimate = doc.text.len() + doc.nodes.len() * 3 + 16;
         let capacity = if hasher.is_some() {
@@ -376,9 +431,11 @@ impl<'a> Writer<'a> {
         } else {
             estimate
         };
+        out.clear();
+        out.reserve(capacity);
         Self {
             doc,
-            out: Vec::with_capacity(capacity),
+            out,
             hasher,
             members: Vec::with_capacity(32),
             floats: ryu_js::Buffer::new(),
@@ -462,19 +519,26 @@ impl<'a> Writer<'a> {
             let Node::Key { start, len, plain } = doc.nodes[key] else {
                 unreachable!("object members start with a key")
             };
-            self.members.push((doc.text(start, len), plain, key + 1));
+            let name = doc.text(start, len);
+            self.members.push(Member {
+                name,
+                plain,
+                value: key + 1,
+            });
             key += 1 + extent(doc.nodes[key + 1]);
         }
-        self.members[base..].sort_unstable_by(|a, b| cmp_utf16(a.0, b.0));
+        self.members[base..].sort_unstable_by(|a, b| cmp_utf16(a.name, b.name));
         self.out.push(b'{');
         for i in 0..len {
             if i > 0 {
                 self.out.push(b',');
             }
-            let (name, plain, v) = self.members[base + i];
+            let Member {
+                name, plain, value, ..
+            } = self.members[base + i];
             write_str(&mut self.out, name, plain);
             self.out.push(b':');
-            self.value(v);
+            self.value(value);
             self.spill();
         }
         self.out.push(b'}');
@@ -549,17 +613,22 @@ fn put(out: &mut Vec<u8>, s: &[u8]) {
     }
 }
 
-/// Whether any byte of `s` is a control character, `"` or `\\`, eight bytes at a time (SWAR:
-/// "has a zero byte" / "has a byte below n" bit tricks over little-endian words).
-fn needs_escape(s: &[u8]) -> bool {
+/// Whether any of the eight bytes of `w` is a control character, `"` or `\\` (SWAR: "has a
+/// zero byte" / "has a byte below n" bit tricks).
+#[inline]
+fn word_needs_escape(w: u64) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
     let has_below = |w: u64, n: u8| w.wrapping_sub(ONES * u64::from(n)) & !w & HIGHS != 0;
     let has_byte = |w: u64, b: u8| has_below(w ^ (ONES * u64::from(b)), 1);
+    has_below(w, 0x20) || has_byte(w, b'"') || has_byte(w, b'\\')
+}
+
+/// Whether any byte of `s` is a control character, `"` or `\\`, eight bytes at a time.
+fn needs_escape(s: &[u8]) -> bool {
     let mut chunks = s.chunks_exact(8);
     for chunk in &mut chunks {
-        let w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
-        if has_below(w, 0x20) || has_byte(w, b'"') || has_byte(w, b'\\') {
+        if word_needs_escape(u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]))) {
             return true;
         }
     }

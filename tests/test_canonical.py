@@ -254,6 +254,22 @@ def test_shared_containers_are_not_cycles() -> None:
     )
 
 
+def test_repeated_strings_and_shapes_keep_their_own_order() -> None:
+    # The walk stores each string object once and the writer reuses a sorted key order for
+    # objects whose keys are the same string objects in the same order (literal keys are
+    # interned): objects of one key set in different orders, an empty key (its text place is
+    # the next string's), values that are keys elsewhere, and many objects of many shapes so
+    # the caches evict and refill.
+    a, b, empty = "a", "b", ""
+    value: list[Any] = [{b: 1, a: 2}, {a: 3, b: 4}, {empty: 5, b: 6}, {b: 7, empty: 8}, [a, b, a]]
+    value += [{f"k{i % 97}": i, a: {b: i, f"k{i % 89}": [b, empty]}, "\uff61": 0, "\U0001f600": 1}
+              for i in range(3000)]  # fmt: skip
+    assert fp.canonical_json(value) == rfc8785.dumps(value)
+    assert fp.canonical_json(value[:5]) == (
+        b'[{"a":2,"b":1},{"a":3,"b":4},{"":5,"b":6},{"":8,"b":7},["a","b","a"]]'
+    )
+
+
 def test_digest_format() -> None:
     d = fp.digest({"hello": "world"})
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", d)
@@ -326,3 +342,17 @@ def test_matches_rfc8785_package(value: Any) -> None:
 @given(FLOATS)
 def test_floats_match_rfc8785_package(value: float) -> None:
     assert fp.canonical_json(value) == rfc8785.dumps(value)
+
+
+def test_recycled_buffers_carry_nothing_over() -> None:
+    # Each thread reuses the tape and output buffers of its previous call: a failed walk
+    # (partial tape), a large document and a small one after each other must not mix.
+    big = {f"k{i}": ["x" * (i % 40), i, i / 3] for i in range(5000)}
+    small = {"b": [1, 2.5, "é"], "a": None}
+    with pytest.raises(fp.CanonicalJsonError):
+        fp.digest({"ok": [1, 2, {"bad": float("nan")}]})
+    assert fp.canonical_json(small) == rfc8785.dumps(small)
+    assert fp.digest(big) == "sha256:" + hashlib.sha256(rfc8785.dumps(big)).hexdigest()
+    assert fp.canonical_json(small) == b'{"a":null,"b":[1,2.5,"\xc3\xa9"]}'
+    assert fp.canonical_json(big) == rfc8785.dumps(big)
+    assert fp.digest(small) == "sha256:" + hashlib.sha256(rfc8785.dumps(small)).hexdigest()

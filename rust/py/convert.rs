@@ -24,14 +24,18 @@ use crate::canonical::{self, CanonicalError, Doc, PathSegment, MAX_DEPTH};
 
 /// Convert a Python object into a canonical tape.
 pub fn to_doc(obj: &Bound<'_, PyAny>) -> Result<Doc, CanonicalError> {
-    // Sized so that a typical ~2 KB definition never reallocates.
+    // The thread's recycled buffers, or new ones sized so that a typical ~2 KB definition never
+    // reallocates.
     let mut walk = Walk {
         py: obj.py(),
-        doc: Doc::with_capacity(256),
+        doc: Doc::reuse(),
         open: Vec::with_capacity(16),
     };
     // SAFETY: `obj` is a live reference held for the whole call, and we hold the GIL.
-    unsafe { walk.value(obj.as_ptr()).map_err(|e| *e)? };
+    if let Err(e) = unsafe { walk.value(obj.as_ptr()) } {
+        walk.doc.recycle();
+        return Err(*e);
+    }
     Ok(walk.doc)
 }
 

@@ -27,14 +27,17 @@ pub fn canonical_json<'py>(
     py: Python<'py>,
     value: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let doc = read_doc(py, value, "value")?;
-    let bytes = py.detach(move || doc.to_vec());
-    Ok(PyBytes::new(py, &bytes))
+    let mut doc = read_doc(py, value, "value")?;
+    let bytes = PyBytes::new(py, py.detach(|| doc.write()));
+    doc.recycle();
+    Ok(bytes)
 }
 
 /// `digest(value) -> "sha256:<64 hex>"` of the canonical bytes.
 #[pyfunction]
 pub fn digest(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<String> {
-    let doc = read_doc(py, value, "value")?;
-    Ok(py.detach(move || doc.digest()))
+    let mut doc = read_doc(py, value, "value")?;
+    let digest = py.detach(|| doc.digest());
+    doc.recycle();
+    Ok(digest)
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -106,6 +107,7 @@ def _claimer(i: int, url: str, seconds: float, start: Any, queue: Any) -> None:
     wins = refused = busy = 0
     with fp.Ledger.open(url) as ledger:
         start.wait()
+        cpu = time.process_time()
         end = time.monotonic() + seconds
         k = i
         while time.monotonic() < end:
@@ -119,12 +121,23 @@ def _claimer(i: int, url: str, seconds: float, start: Any, queue: Any) -> None:
                 refused += 1
             else:
                 wins += 1
-    queue.put((wins, refused, busy))
+        cpu = time.process_time() - cpu
+    queue.put((wins, refused, busy, cpu))
 
 
-def claim_throughput(url: str, procs: int, seconds: float = 2.0) -> tuple[float, int, int]:
-    """(winning claims per second, refusals, StoreBusy) of `procs` processes claiming 200
-    runs with 1 ms leases for `seconds`; asserts one winner per (run, generation)."""
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of the whole machine so far, from /proc/stat."""
+    with open("/proc/stat") as stat:
+        fields = [int(f) for f in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def claim_throughput(url: str, procs: int, seconds: float = 2.0) -> dict[str, float]:
+    """Winning claims per second, refusals and StoreBusy of `procs` processes claiming 200
+    runs with 1 ms leases for `seconds`, and where the CPU went: the machine's busy share and
+    the clients' share of it (the rest is the PostgreSQL backends and the kernel). Asserts one
+    winner per (run, generation)."""
     start = CTX.Barrier(procs + 1)
     queue = CTX.Queue()
     ps = [CTX.Process(target=_claimer, args=(i, url, seconds, start, queue)) for i in range(procs)]
@@ -132,8 +145,10 @@ def claim_throughput(url: str, procs: int, seconds: float = 2.0) -> tuple[float,
         p.start()
     start.wait()
     t0 = time.monotonic()
+    busy0, total0 = _cpu_ticks()
     results = [queue.get(timeout=120) for _ in ps]
     wall = time.monotonic() - t0
+    busy1, total1 = _cpu_ticks()
     for p in ps:
         p.join(60)
         assert p.exitcode == 0
@@ -141,7 +156,15 @@ def claim_throughput(url: str, procs: int, seconds: float = 2.0) -> tuple[float,
     with fp.Ledger.open(url) as ledger:
         generations = sum(ledger.lease(f"c{r}").generation for r in range(RESOURCES))
     assert generations == wins  # every win is exactly one generation: one winner each
-    return wins / wall, sum(r[1] for r in results), sum(r[2] for r in results)
+    busy_s = (busy1 - busy0) / os.sysconf("SC_CLK_TCK")
+    client_s = sum(r[3] for r in results)
+    return {
+        "rate": wins / wall,
+        "refused": sum(r[1] for r in results),
+        "busy": sum(r[2] for r in results),
+        "cpu_busy": (busy1 - busy0) / max(1, total1 - total0),
+        "client_cpu_share": client_s / busy_s if busy_s else 0.0,
+    }
 
 
 @pytest.mark.parametrize("procs", [1, 2, 4, 8])
@@ -162,14 +185,15 @@ def bench_pg_claim_throughput(benchmark: Any, procs: int) -> None:
                     runner_id="host-0",
                     origin_session_id="bench",
                 )
-        out: dict[str, Any] = {}
+        out: dict[str, float] = {}
 
         def go() -> None:
-            out["rate"], out["refused"], out["busy"] = claim_throughput(url, procs)
+            out.update(claim_throughput(url, procs))
 
         benchmark.pedantic(go, rounds=1, iterations=1)
     benchmark.extra_info.update(
         impl=f"fencepost x{procs}", claims_per_s=out["rate"], refused=out["refused"],
-        busy=out["busy"], ops=1,
+        busy=out["busy"], cpu_busy=round(out["cpu_busy"], 3),
+        client_cpu_share=round(out["client_cpu_share"], 3), ops=1,
     )  # fmt: skip
     assert out["busy"] == 0

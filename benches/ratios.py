@@ -38,6 +38,16 @@ def main(path: str) -> int:
                 f"{us / floor:.2f}x" if floor and impl == "fencepost" and "tx" in group else ""
             )
             print(f"| {group} | {impl} | {us:.2f} | {ratio} | {over_floor} |")
+    curve = [b["extra_info"] for b in data["benchmarks"] if "cpu_busy" in b["extra_info"]]
+    if curve:
+        print()
+        print("| claimers | winning claims/s | machine CPU busy | clients' share of it |")
+        print("|---|--:|--:|--:|")
+        for info in curve:
+            print(
+                f"| {info['impl']} | {info['claims_per_s']:.0f} | {info['cpu_busy']:.0%} "
+                f"| {info['client_cpu_share']:.0%} |"
+            )
     return 0
 
 

@@ -281,10 +281,10 @@ impl Doc {
     }
 
     /// Append a string value.
+    #[inline]
     pub fn str(&mut self, value: &str) {
         let start = self.text.len();
-        put(&mut self.text, value.as_bytes());
-        let plain = !needs_escape(value.as_bytes());
+        let plain = put_plain(&mut self.text, value.as_bytes());
         self.nodes.push(Node::Str {
             start,
             len: value.len(),
@@ -293,10 +293,10 @@ impl Doc {
     }
 
     /// Append an object key; its value must be appended next.
+    #[inline]
     pub fn key(&mut self, key: &str) {
         let start = self.text.len();
-        put(&mut self.text, key.as_bytes());
-        let plain = !needs_escape(key.as_bytes());
+        let plain = put_plain(&mut self.text, key.as_bytes());
         self.nodes.push(Node::Key {
             start,
             len: key.len(),
@@ -579,38 +579,83 @@ const ESCAPE: [u8; 256] = {
 
 /// Append `s` to `out`. Most JSON strings are short, and `extend_from_slice` pays a call to
 /// `memcpy` for each one; up to 16 bytes are moved with two possibly overlapping loads and
-/// stores instead (the usual small-copy trick).
+/// stores instead (the usual small-copy trick; 1 to 3 bytes as first, middle and last byte,
+/// since a byte loop is turned back into a `memcpy` call by the compiler).
 #[inline]
 fn put(out: &mut Vec<u8>, s: &[u8]) {
-    let n = s.len();
-    if n > 16 {
+    if s.len() > 16 {
         out.extend_from_slice(s);
-        return;
+    } else {
+        put_short(out, s);
     }
+}
+
+/// [`put`] of at most 16 bytes. Returns two words that together hold every byte of `s` (bytes
+/// the string does not fill are `a`, which needs no escape), for [`put_plain`]'s scan.
+#[inline]
+fn put_short(out: &mut Vec<u8>, s: &[u8]) -> (u64, u64) {
     out.reserve(16);
     let len = out.len();
-    // SAFETY: `reserve(16)` guarantees 16 writable bytes past `len`, and every store below ends
-    // at or before `len + n` with `n <= 16`; every load stays inside `s`.
+    // SAFETY: 16 writable bytes past `len` (reserved), and `copy_short` writes `s.len() <= 16`.
     unsafe {
-        let dst = out.as_mut_ptr().add(len);
-        let src = s.as_ptr();
+        let words = copy_short(out.as_mut_ptr().add(len), s);
+        out.set_len(len + s.len());
+        words
+    }
+}
+
+/// Copy `s` (at most 16 bytes) to `dst` with a few whole-word moves; returns [`put_short`]'s
+/// words.
+///
+/// # Safety
+/// `dst` must be valid for writing `s.len()` bytes; nothing past them is written.
+#[inline]
+unsafe fn copy_short(dst: *mut u8, s: &[u8]) -> (u64, u64) {
+    /// Eight 'a's: filler that needs no escape.
+    const PAD: u64 = 0x6161_6161_6161_6161;
+    let n = s.len();
+    debug_assert!(n <= 16);
+    let src = s.as_ptr();
+    // SAFETY: every load stays inside `s` and every store inside `dst[..n]` (the caller's
+    // contract): the head and tail words overlap rather than overrun.
+    unsafe {
         if n >= 8 {
             let head = src.cast::<u64>().read_unaligned();
             let tail = src.add(n - 8).cast::<u64>().read_unaligned();
             dst.cast::<u64>().write_unaligned(head);
             dst.add(n - 8).cast::<u64>().write_unaligned(tail);
+            (head, tail)
         } else if n >= 4 {
             let head = src.cast::<u32>().read_unaligned();
             let tail = src.add(n - 4).cast::<u32>().read_unaligned();
             dst.cast::<u32>().write_unaligned(head);
             dst.add(n - 4).cast::<u32>().write_unaligned(tail);
+            let pad = PAD << 32;
+            (u64::from(head) | pad, u64::from(tail) | pad)
+        } else if n > 0 {
+            let (first, middle, last) = (*src, *src.add(n / 2), *src.add(n - 1));
+            *dst = first;
+            *dst.add(n / 2) = middle;
+            *dst.add(n - 1) = last;
+            let word =
+                u64::from(first) | (u64::from(middle) << 8) | (u64::from(last) << 16) | (PAD << 24);
+            (word, word)
         } else {
-            for i in 0..n {
-                *dst.add(i) = *src.add(i);
-            }
+            (PAD, PAD)
         }
-        out.set_len(len + n);
     }
+}
+
+/// [`put`] and `!`[`needs_escape`] in one pass: a string of up to 16 bytes is scanned in the
+/// (overlapping) words that copy it, while they are in registers.
+#[inline]
+fn put_plain(out: &mut Vec<u8>, s: &[u8]) -> bool {
+    if s.len() > 16 {
+        out.extend_from_slice(s);
+        return !needs_escape(s);
+    }
+    let (head, tail) = put_short(out, s);
+    !(word_needs_escape(head) | word_needs_escape(tail))
 }
 
 /// Whether any of the eight bytes of `w` is a control character, `"` or `\\` (SWAR: "has a
@@ -854,5 +899,41 @@ mod tests {
         assert!(doc.int(MAX_SAFE_INTEGER + 1).is_err());
         assert!(doc.float(f64::NAN).is_err());
         assert_eq!(Doc::default().to_vec(), b"");
+    }
+
+    #[test]
+    fn short_copies_and_scans_agree_with_the_plain_ones() {
+        // Every length the word tricks distinguish (0, 1-3, 4-7, 8-16, over 16), each with
+        // every byte that needs an escape, and none, at every position.
+        for n in 0..=20 {
+            for at in 0..n.max(1) {
+                for bad in [
+                    None,
+                    Some(b'"'),
+                    Some(b'\\'),
+                    Some(0x00),
+                    Some(0x1f),
+                    Some(0x7f),
+                ] {
+                    let mut s: Vec<u8> = (0..n)
+                        .map(|i| b'a' + u8::try_from(i % 26).unwrap())
+                        .collect();
+                    if let (Some(b), true) = (bad, n > 0) {
+                        s[at] = b;
+                    }
+                    let mut out = b"xy".to_vec();
+                    let plain = put_plain(&mut out, &s);
+                    assert_eq!(&out[2..], &s[..], "copy of {s:?}");
+                    assert_eq!(
+                        plain,
+                        !s.iter().any(|&b| ESCAPE[usize::from(b)] != 0),
+                        "scan of {s:?}"
+                    );
+                    let mut out = Vec::new();
+                    put(&mut out, &s);
+                    assert_eq!(out, s);
+                }
+            }
+        }
     }
 }

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import pg_schema
 
 import fencepost as fp
-from benches.conftest import label
+from benches.conftest import label, plaintext
 from benches.peer_pg import PgQueuePeer, pg_url
 
 N = 200
@@ -36,7 +36,7 @@ def durability(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def ledger(durability: str) -> Iterator[fp.Ledger]:
-    with pg_schema() as url, fp.Ledger.open(url, durability=durability) as opened:  # type: ignore[arg-type]
+    with pg_schema() as url, fp.Ledger.open(plaintext(url), durability=durability) as opened:  # type: ignore[arg-type]
         yield opened
 
 
@@ -57,14 +57,27 @@ def _run(ledger: fp.Ledger) -> str:
 def bench_pg_cycle_fencepost(benchmark: Any, ledger: fp.Ledger, durability: str) -> None:
     label(benchmark, f"postgres {durability}: per unit/job, one at a time", "fencepost", N)
 
-    def go(run_id: str) -> None:
-        for i in range(N):
-            r = ledger.reserve_attempt(run_id, f"u{i}", step_id="s")
-            assert ledger.finish_attempt(
-                run_id, f"u{i}", r.attempt, r.dispatch_id, status="completed"
-            )
+    benchmark.pedantic(_cycle, setup=lambda: ((ledger, _run(ledger)), {}), rounds=ROUNDS)
 
-    benchmark.pedantic(go, setup=lambda: ((_run(ledger),), {}), rounds=ROUNDS)
+
+@pytest.mark.parametrize("transport", ["plaintext", "TLS"])
+def bench_pg_cycle_transport(benchmark: Any, transport: str) -> None:
+    """The one-at-a-time loop in plaintext and over TLS (``sslmode=require``, TLS 1.3 over
+    loopback), side by side: what encryption adds per unit. Not compared with the peer, which
+    runs plaintext."""
+    group = "postgres normal: per unit, one at a time, plaintext vs TLS"
+    label(benchmark, group, f"fencepost {transport}", N)
+    with pg_schema() as url:
+        url = plaintext(url) if transport == "plaintext" else url + "&sslmode=require"
+        with fp.Ledger.open(url) as ledger:
+            assert ledger.pragmas()["tls"].startswith("TLS") == (transport == "TLS")
+            benchmark.pedantic(_cycle, setup=lambda: ((ledger, _run(ledger)), {}), rounds=ROUNDS)
+
+
+def _cycle(ledger: fp.Ledger, run_id: str) -> None:
+    for i in range(N):
+        r = ledger.reserve_attempt(run_id, f"u{i}", step_id="s")
+        assert ledger.finish_attempt(run_id, f"u{i}", r.attempt, r.dispatch_id, status="completed")
 
 
 def bench_pg_cycle_pgqueuer(benchmark: Any, peer: PgQueuePeer, durability: str) -> None:
@@ -170,7 +183,8 @@ def claim_throughput(url: str, procs: int, seconds: float = 2.0) -> dict[str, fl
 @pytest.mark.parametrize("procs", [1, 2, 4, 8])
 def bench_pg_claim_throughput(benchmark: Any, procs: int) -> None:
     benchmark.group = "postgres: claim throughput (per winning claim, N processes)"
-    with pg_schema() as url:
+    with pg_schema() as schema_url:
+        url = plaintext(schema_url)
         with fp.Ledger.open(url) as ledger:
             for r in range(RESOURCES):
                 ledger.reserve_run(

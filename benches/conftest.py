@@ -40,13 +40,21 @@ def impl(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[tup
     module: Any = ref_ledger if name == "reference" else ref_adapter
     if name == "fencepost-postgres":
         with pg_schema() as url:
-            handle = module.connect(url)
+            handle = module.connect(plaintext(url))
             yield name, module, handle
             module.close(handle)
         return
     handle = module.connect(str(tmp_path / f"{name}.db"))
     yield name, module, handle
     module.close(handle)
+
+
+def plaintext(url: str) -> str:
+    """A ledger URL with TLS off. fencepost negotiates TLS by default (``sslmode=prefer``, as
+    libpq), and the local server offers it; the benches compare transports like for like, so
+    both fencepost and the pgqueuer peer (``benches/peer_pg.py``) talk plaintext over loopback
+    unless a bench says otherwise (``bench_pg_cycle_fencepost_tls`` measures TLS)."""
+    return url + ("&" if "?" in url else "?") + "sslmode=disable"
 
 
 def label(benchmark: Any, group: str, name: str, ops: int) -> None:

@@ -254,6 +254,7 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
             ("synchronous", pragmas["synchronous"]),
             ("busy_timeout", f"{pragmas['busy_timeout']} ms"),
             ("foreign_keys", "on" if pragmas["foreign_keys"] else "off"),
+            *([("tls", pragmas["tls"])] if pragmas.get("tls") is not None else []),
             ("integrity", "; ".join(integrity)),
             ("orphan attempts", str(len(orphans))),
             ("expired leases on active runs", str(len(expired))),

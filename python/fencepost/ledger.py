@@ -210,7 +210,8 @@ class Ledger:
     def pragmas(self) -> dict[str, Any]:
         """The connection settings read back from the database (``fencepost doctor`` shows
         them): ``journal_mode``, ``synchronous``, ``busy_timeout``, ``foreign_keys``,
-        ``schema_version``."""
+        ``schema_version``, and ``tls`` (PostgreSQL: the connection's TLS version, or ``"off"``;
+        SQLite: ``None``)."""
         return dict(self._core.pragmas())
 
     # ------------------------------------------------------------------ blobs

@@ -510,6 +510,7 @@ impl PyLedger {
         d.set_item("busy_timeout", p.busy_timeout)?;
         d.set_item("foreign_keys", p.foreign_keys)?;
         d.set_item("schema_version", p.schema_version)?;
+        d.set_item("tls", p.tls)?;
         Ok(d)
     }
 

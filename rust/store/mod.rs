@@ -410,6 +410,8 @@ pub struct Pragmas {
     pub foreign_keys: bool,
     /// The schema version after migrations.
     pub schema_version: i64,
+    /// PostgreSQL: the TLS version of the connection (`TLSv1.3`), or `off`; SQLite: `None`.
+    pub tls: Option<String>,
 }
 
 /// A ledger database: transactions, settings, checks. Operations take `&mut dyn Store`.

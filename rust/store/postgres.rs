@@ -17,6 +17,8 @@
 //! SQLite. Hosts sharing a database must keep their clocks in sync (NTP); a lease should be far
 //! longer than the skew between them.
 
+mod tls;
+
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -31,7 +33,8 @@ use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{to_sql_checked, IsNull, ToSql as PgToSql, Type};
-use tokio_postgres::{Client, Config, Error as PgError, NoTls, Statement};
+use tokio_postgres::{Client, Config, Error as PgError, Statement};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 type PgResult<T> = std::result::Result<T, PgError>;
 
@@ -54,6 +57,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 struct Target {
     config: Config,
+    /// TLS as `sslmode`/`sslrootcert` ask (see `tls`); the driver's own `ssl_mode` is set to
+    /// match in `config`.
+    tls: MakeRustlsConnect,
     schema: String,
     /// The URL without its password, for messages.
     label: String,
@@ -93,13 +99,20 @@ impl Target {
     fn parse(url: &str, schema: Option<&str>) -> Result<Self> {
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let mut url_schema = None;
+        let (mut url_sslmode, mut sslrootcert) = (None, None);
         let mut rest = Vec::new();
+        // fencepost reads these itself: the driver knows neither `schema` nor `sslrootcert`,
+        // nor the `verify-*` modes.
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("schema", v)) => url_schema = Some(v.to_owned()),
+                Some(("sslmode", v)) => url_sslmode = Some(v.to_owned()),
+                Some(("sslrootcert", v)) => sslrootcert = Some(percent_decode(v)),
                 _ => rest.push(pair),
             }
         }
+        let ssl_mode = tls::SslMode::parse(url_sslmode.as_deref())?;
+        let tls = tls::connector(ssl_mode, sslrootcert.as_deref())?;
         let schema = match (schema, url_schema.as_deref()) {
             (Some(k), Some(u)) if k != u => {
                 return Err(LedgerError::invalid(
@@ -129,7 +142,8 @@ impl Target {
         })?;
         config
             .application_name("fencepost")
-            .connect_timeout(CONNECT_TIMEOUT);
+            .connect_timeout(CONNECT_TIMEOUT)
+            .ssl_mode(ssl_mode.driver());
         let host = config.get_hosts().first().map_or_else(
             || "localhost".to_owned(),
             |h| match h {
@@ -145,6 +159,7 @@ impl Target {
             label: format!("postgresql://{user}@{host}:{port}/{db}?schema={schema}"),
             server: format!("{host}:{port}"),
             config,
+            tls,
             schema,
         })
     }
@@ -152,15 +167,21 @@ impl Target {
     /// Connect on `runtime`; the connection's task is spawned there and runs whenever the
     /// store waits on a request.
     fn connect(&self, runtime: &Runtime) -> Result<(Client, JoinHandle<()>)> {
-        let (client, connection) = runtime.block_on(self.config.connect(NoTls)).map_err(|e| {
+        let connecting = self.config.connect(self.tls.clone());
+        let (client, connection) = runtime.block_on(connecting).map_err(|e| {
             let password = self.config.get_password();
+            let text = scrub(&error_text(&e), password);
+            let check = if text.contains("certificate") || text.contains("TLS") {
+                "check the URL's sslmode and sslrootcert (README \"PostgreSQL\": TLS)"
+            } else {
+                "check that the server is running and reachable, and the URL's user, database \
+                 and credentials"
+            };
             LedgerError::Store {
                 operation: "connecting to PostgreSQL".into(),
                 message: format!(
-                    "cannot connect to PostgreSQL at {} ({}); check that the server is running \
-                     and reachable, and the URL's user, database and credentials",
-                    self.server,
-                    scrub(&error_text(&e), password)
+                    "cannot connect to PostgreSQL at {} ({text}); {check}",
+                    self.server
                 ),
             }
         })?;
@@ -170,6 +191,32 @@ impl Target {
         });
         Ok((client, task))
     }
+}
+
+/// `%XX` escapes of a URL query value decoded (a path may need them); anything malformed is
+/// kept as written.
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push(u8::try_from(hi * 16 + lo).unwrap_or(b'?'));
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Remove a password from a message, in case a driver ever echoes it.
@@ -620,7 +667,9 @@ impl Store for PgStore {
         let row = self.block("reading settings", |c| {
             c.query_one(
                 "SELECT current_setting('synchronous_commit'), current_setting('lock_timeout'),
-                   (SELECT coalesce(max(version), 0) FROM schema_migrations)",
+                   (SELECT coalesce(max(version), 0) FROM schema_migrations),
+                   coalesce((SELECT version FROM pg_stat_ssl WHERE pid = pg_backend_pid() AND ssl),
+                            'off')",
                 &[],
             )
         })?;
@@ -636,6 +685,7 @@ impl Store for PgStore {
             busy_timeout: parse_ms(&lock_timeout),
             foreign_keys: true,
             schema_version: row.get(2),
+            tls: Some(row.get(3)),
         })
     }
 

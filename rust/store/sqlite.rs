@@ -252,6 +252,7 @@ impl SqliteStore {
             busy_timeout,
             foreign_keys: fk == 1,
             schema_version,
+            tls: None,
         })
     }
 

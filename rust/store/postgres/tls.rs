@@ -74,18 +74,20 @@ impl SslMode {
 /// The TLS connector for `mode`, trusting the CA certificates in the PEM file `rootcert`.
 pub fn connector(mode: SslMode, rootcert: Option<&str>) -> Result<MakeRustlsConnect> {
     let provider = Arc::new(crypto::ring::default_provider());
-    let verifier: Arc<dyn ServerCertVerifier> =
+    let verifier =
         match (mode, rootcert) {
             (SslMode::VerifyCa | SslMode::VerifyFull, None) => return Err(LedgerError::invalid(
                 "target",
                 "sslmode=verify-ca and verify-full need sslrootcert=<path of the PEM file with \
                  the CA certificate that signed the server's>",
             )),
-            (SslMode::Disable | SslMode::Prefer, _) | (SslMode::Require, None) => {
-                Arc::new(Unchecked(Arc::clone(&provider)))
-            }
+            (SslMode::Disable | SslMode::Prefer, _) | (SslMode::Require, None) => Verifier {
+                provider: Arc::clone(&provider),
+                chain: None,
+                name: false,
+            },
             (SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull, Some(path)) => {
-                let webpki = WebPkiServerVerifier::builder_with_provider(
+                let chain = WebPkiServerVerifier::builder_with_provider(
                     Arc::new(roots(path)?),
                     Arc::clone(&provider),
                 )
@@ -96,10 +98,10 @@ pub fn connector(mode: SslMode, rootcert: Option<&str>) -> Result<MakeRustlsConn
                         format!("sslrootcert={path} cannot be used as a trust anchor ({e})"),
                     )
                 })?;
-                if mode == SslMode::VerifyFull {
-                    webpki as Arc<dyn ServerCertVerifier>
-                } else {
-                    Arc::new(AnyName(webpki))
+                Verifier {
+                    provider: Arc::clone(&provider),
+                    chain: Some(chain),
+                    name: mode == SslMode::VerifyFull,
                 }
             }
         };
@@ -107,7 +109,7 @@ pub fn connector(mode: SslMode, rootcert: Option<&str>) -> Result<MakeRustlsConn
         .with_safe_default_protocol_versions()
         .map_err(|e| LedgerError::invalid("target", format!("no TLS protocol version ({e})")))?
         .dangerous()
-        .with_custom_certificate_verifier(verifier)
+        .with_custom_certificate_verifier(Arc::new(verifier))
         .with_no_client_auth();
     Ok(MakeRustlsConnect::new(config))
 }
@@ -133,64 +135,21 @@ fn roots(path: &str) -> Result<RootCertStore> {
     Ok(store)
 }
 
-/// `prefer`/`require` without a root certificate: the channel is encrypted and the handshake's
-/// signatures are checked (so the server holds the key of the certificate it shows), but the
-/// certificate itself is not — libpq's meaning of these modes.
+/// The server certificate check of every mode. The handshake's signatures are always checked
+/// (the server holds the key of the certificate it shows); beyond that:
+/// - no `chain` (`prefer`, `require`): the certificate itself is not checked, libpq's meaning
+///   of those modes — encryption without authentication;
+/// - `chain` without `name` (`verify-ca`): it must chain to a trusted CA, for any host name
+///   (webpki checks the chain before the name, so a name mismatch is the only error forgiven);
+/// - `chain` and `name` (`verify-full`): and be issued for the host the URL names.
 #[derive(Debug)]
-struct Unchecked(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, TlsError> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, TlsError> {
-        crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, TlsError> {
-        crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct Verifier {
+    provider: Arc<CryptoProvider>,
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    name: bool,
 }
 
-/// `verify-ca`: the chain must lead to a trusted CA; the name the certificate was issued for is
-/// not compared with the host (webpki checks the chain before the name, so a name mismatch is
-/// the only error this forgives).
-#[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for Verifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -199,13 +158,13 @@ impl ServerCertVerifier for AnyName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, TlsError> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(TlsError::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
+            )) if !self.name => Ok(ServerCertVerified::assertion()),
             other => other,
         }
     }
@@ -216,7 +175,8 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, TlsError> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        crypto::verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -225,11 +185,14 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, TlsError> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        crypto::verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 

@@ -22,23 +22,37 @@ pub struct Migration {
 }
 
 /// Every SQLite migration this library knows, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("sqlite/migrations/0001_init.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("sqlite/migrations/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "fillfactor",
+        sql: include_str!("sqlite/migrations/0002_fillfactor.sql"),
+    },
+];
 
 /// The same migrations in PostgreSQL's dialect: the same versions and names, so both
 /// backends describe one schema history.
 #[cfg(feature = "postgres")]
-pub const POSTGRES_MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("postgres/migrations/0001_init.sql"),
-}];
+pub const POSTGRES_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("postgres/migrations/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "fillfactor",
+        sql: include_str!("postgres/migrations/0002_fillfactor.sql"),
+    },
+];
 
 /// The newest schema version this library knows.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 const CREATE_LEDGER_SQL: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (
     version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL) STRICT";
@@ -168,6 +182,39 @@ mod tests {
                 library_version: SCHEMA_VERSION
             }
         );
+    }
+
+    #[test]
+    fn an_older_database_migrates_forward_and_keeps_its_rows() {
+        // A database as the first release left it: migration 1 only, with a run in it.
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(CREATE_LEDGER_SQL).unwrap();
+        conn.execute_batch(MIGRATIONS[0].sql).unwrap();
+        conn.execute(RECORD_SQL, params![1, "init", 7]).unwrap();
+        conn.execute(
+            "INSERT INTO runs(run_id, workflow_ref, workflow_name, status, created_at, \
+             updated_at) VALUES ('r1', 'wf', 'wf', 'active', 1, 1)",
+            [],
+        )
+        .unwrap();
+        assert_eq!(migrate(&mut conn, ":memory:", 9).unwrap(), SCHEMA_VERSION);
+        let rows: Vec<(i64, String, i64)> = conn
+            .prepare("SELECT version, name, applied_at FROM schema_migrations ORDER BY version")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            rows,
+            vec![(1, "init".into(), 7), (2, "fillfactor".into(), 9)]
+        );
+        let kept: String = conn
+            .query_row("SELECT status FROM runs WHERE run_id = 'r1'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(kept, "active");
     }
 
     #[test]

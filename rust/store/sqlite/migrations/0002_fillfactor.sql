@@ -1,0 +1,4 @@
+-- 0002_fillfactor, SQLite dialect: nothing to change. SQLite has no fill factor (it rewrites a
+-- row in place when it fits, and its B-tree pages are balanced on insert); PostgreSQL's twin
+-- leaves room in the attempts and units pages for in-place (HOT) updates. Recorded here too,
+-- so that both backends describe one numbered schema history. No statement.

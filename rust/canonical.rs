@@ -177,27 +177,30 @@ enum Node {
     /// A string value: a byte range of [`Doc::text`]; `plain` when it needs no escapes (decided
     /// while the bytes are hot in cache, so the writer copies without scanning).
     Str {
-        start: usize,
-        len: usize,
+        start: u32,
+        len: u32,
         plain: bool,
     },
     /// An object key, always directly followed by its value's subtree.
     Key {
-        start: usize,
-        len: usize,
+        start: u32,
+        len: u32,
         plain: bool,
     },
     /// `len` elements follow; `span` counts every node of the subtree below this one.
     Array {
-        len: usize,
-        span: usize,
+        len: u32,
+        span: u32,
     },
     /// `len` (key, value) pairs follow; `span` as for arrays.
     Object {
-        len: usize,
-        span: usize,
+        len: u32,
+        span: u32,
     },
 }
+
+// Two nodes to a cache line's quarter: see `narrow`.
+const _: () = assert!(std::mem::size_of::<Node>() == 16);
 
 /// A JSON value as a flat pre-order tape plus one text buffer holding every string's UTF-8.
 ///
@@ -210,6 +213,20 @@ pub struct Doc {
     text: Vec<u8>,
     /// The writer's output buffer, kept with the tape so that [`Doc::recycle`] keeps it too.
     out: Vec<u8>,
+    /// Set when an offset, length or count did not fit the nodes' 32 bits (see [`narrow`]).
+    too_large: bool,
+}
+
+/// `n` as a node field. Nodes hold 32-bit offsets, lengths and counts: 16 bytes a node instead
+/// of 24, so a large document's tape is a third smaller in the cache (both passes read it
+/// whole). A document past 4 GiB of text or 4 billion values sets `too_large`, and the walk
+/// refuses it (see [`Doc::check_size`]) before anything is written.
+#[inline]
+fn narrow(n: usize, too_large: &mut bool) -> u32 {
+    u32::try_from(n).unwrap_or_else(|_| {
+        *too_large = true;
+        u32::MAX
+    })
 }
 
 /// A container opened on a [`Doc`] and not yet closed.
@@ -243,6 +260,7 @@ impl Doc {
             self.nodes.clear();
             self.text.clear();
             self.out.clear();
+            self.too_large = false;
             SPARE.set(Some(self));
         }
     }
@@ -253,6 +271,7 @@ impl Doc {
             nodes: Vec::with_capacity(nodes),
             text: Vec::with_capacity(nodes * 8),
             out: Vec::new(),
+            too_large: false,
         }
     }
 
@@ -286,8 +305,8 @@ impl Doc {
         let start = self.text.len();
         let plain = put_plain(&mut self.text, value.as_bytes());
         self.nodes.push(Node::Str {
-            start,
-            len: value.len(),
+            start: narrow(start, &mut self.too_large),
+            len: narrow(value.len(), &mut self.too_large),
             plain,
         });
     }
@@ -298,8 +317,8 @@ impl Doc {
         let start = self.text.len();
         let plain = put_plain(&mut self.text, key.as_bytes());
         self.nodes.push(Node::Key {
-            start,
-            len: key.len(),
+            start: narrow(start, &mut self.too_large),
+            len: narrow(key.len(), &mut self.too_large),
             plain,
         });
     }
@@ -312,7 +331,8 @@ impl Doc {
 
     /// Close an array of `len` elements.
     pub fn end_array(&mut self, open: Open, len: usize) {
-        let span = self.nodes.len() - open.0 - 1;
+        let span = narrow(self.nodes.len() - open.0 - 1, &mut self.too_large);
+        let len = narrow(len, &mut self.too_large);
         self.nodes[open.0] = Node::Array { len, span };
     }
 
@@ -324,7 +344,8 @@ impl Doc {
 
     /// Close an object of `len` members.
     pub fn end_object(&mut self, open: Open, len: usize) {
-        let span = self.nodes.len() - open.0 - 1;
+        let span = narrow(self.nodes.len() - open.0 - 1, &mut self.too_large);
+        let len = narrow(len, &mut self.too_large);
         self.nodes[open.0] = Node::Object { len, span };
     }
 
@@ -385,15 +406,27 @@ impl Doc {
         hex_digest(&hasher.finalize())
     }
 
-    fn text(&self, start: usize, len: usize) -> &[u8] {
-        &self.text[start..start + len]
+    fn text(&self, start: u32, len: u32) -> &[u8] {
+        let start = start as usize;
+        &self.text[start..start + len as usize]
+    }
+
+    /// Refuse a tape whose offsets did not fit its nodes (more than 4 GiB of text or 4 billion
+    /// values): its writer would write garbage.
+    pub fn check_size(&self) -> Result<(), CanonicalError> {
+        if self.too_large {
+            return Err(CanonicalError::new(
+                "the document is larger than 4 GiB of text or 4 billion values; split it",
+            ));
+        }
+        Ok(())
     }
 }
 
 /// Nodes in the subtree rooted at `node`, itself included.
 fn extent(node: Node) -> usize {
     match node {
-        Node::Array { span, .. } | Node::Object { span, .. } => span + 1,
+        Node::Array { span, .. } | Node::Object { span, .. } => span as usize + 1,
         _ => 1,
     }
 }
@@ -469,8 +502,8 @@ impl<'a> Writer<'a> {
     #[inline(always)]
     fn value(&mut self, at: usize) {
         match self.doc.nodes[at] {
-            Node::Array { len, .. } => self.array(at, len),
-            Node::Object { len, .. } => self.object(at, len),
+            Node::Array { len, .. } => self.array(at, len as usize),
+            Node::Object { len, .. } => self.object(at, len as usize),
             scalar => self.scalar(scalar),
         }
     }
@@ -935,5 +968,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn offsets_past_32_bits_make_the_tape_refuse_itself() {
+        let mut too_large = false;
+        assert_eq!(narrow(7, &mut too_large), 7);
+        assert!(!too_large);
+        assert_eq!(narrow(1 << 32, &mut too_large), u32::MAX);
+        assert!(too_large);
+        let mut doc = Doc::default();
+        doc.str("fits");
+        assert!(doc.check_size().is_ok());
+        doc.too_large = true;
+        let e = doc.check_size().unwrap_err();
+        assert!(e.to_string().contains("4 GiB"), "{e}");
+        doc.recycle();
+        let again = Doc::reuse();
+        assert!(again.check_size().is_ok(), "a recycled tape starts clean");
     }
 }

@@ -32,9 +32,12 @@ pub fn to_doc(obj: &Bound<'_, PyAny>) -> Result<Doc, CanonicalError> {
         open: Vec::with_capacity(16),
     };
     // SAFETY: `obj` is a live reference held for the whole call, and we hold the GIL.
-    if let Err(e) = unsafe { walk.value(obj.as_ptr()) } {
+    let walked = unsafe { walk.value(obj.as_ptr()) }
+        .map_err(|e| *e)
+        .and_then(|()| walk.doc.check_size());
+    if let Err(e) = walked {
         walk.doc.recycle();
-        return Err(*e);
+        return Err(e);
     }
     Ok(walk.doc)
 }

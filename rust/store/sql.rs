@@ -273,7 +273,7 @@ pub const RESERVE_ATTEMPT_UNIT_SQL: Sql = Sql::same(concat!(
 /// index probe: the cost per batch no longer depends on the size of the tables.
 ///
 /// Why `json`, not `jsonb`: the rows are read once, in order. `::jsonb` first parses the whole
-/// text into a binary document (about 5 ms of a 1000-row statement, measured with auto_explain);
+/// text into a binary document (about 5 ms of a 1000-row statement, measured with `auto_explain`);
 /// `json_to_recordset` parses the text as it walks it: ~5 us less per unit on a batch reserve
 /// plus finish.
 pub const LATEST_ATTEMPTS_SQL: Sql = Sql::split(

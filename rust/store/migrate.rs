@@ -21,35 +21,32 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
-/// Every SQLite migration this library knows, in order.
-pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "init",
-        sql: include_str!("sqlite/migrations/0001_init.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "fillfactor",
-        sql: include_str!("sqlite/migrations/0002_fillfactor.sql"),
-    },
-];
+/// Both dialects' migration lists from one table of (version, name, file), so that SQLite and
+/// PostgreSQL cannot drift apart: the same versions and names, each dialect's own SQL file of
+/// that name under `sqlite/migrations/` and `postgres/migrations/`.
+macro_rules! migrations {
+    ($($version:literal $name:literal $file:literal;)+) => {
+        /// Every SQLite migration this library knows, in order.
+        pub const MIGRATIONS: &[Migration] = &[$(Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("sqlite/migrations/", $file)),
+        }),+];
 
-/// The same migrations in PostgreSQL's dialect: the same versions and names, so both
-/// backends describe one schema history.
-#[cfg(feature = "postgres")]
-pub const POSTGRES_MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "init",
-        sql: include_str!("postgres/migrations/0001_init.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "fillfactor",
-        sql: include_str!("postgres/migrations/0002_fillfactor.sql"),
-    },
-];
+        /// The same migrations in PostgreSQL's dialect: one schema history for both backends.
+        #[cfg(feature = "postgres")]
+        pub const POSTGRES_MIGRATIONS: &[Migration] = &[$(Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("postgres/migrations/", $file)),
+        }),+];
+    };
+}
+
+migrations! {
+    1 "init" "0001_init.sql";
+    2 "fillfactor" "0002_fillfactor.sql";
+}
 
 /// The newest schema version this library knows.
 pub const SCHEMA_VERSION: i64 = 2;

@@ -59,6 +59,7 @@ pub fn list(
     after_seq: i64,
     limit: i64,
     types: Option<&[String]>,
+    horizon: Option<i64>,
 ) -> Result<Vec<Event>> {
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(LedgerError::invalid(
@@ -75,7 +76,7 @@ pub fn list(
     let types_json = types.map(json_array);
     tx.rows(
         &sql::LIST_EVENTS_SQL,
-        params![after_seq, resource, types_json, limit],
+        params![after_seq, resource, types_json, limit, horizon],
         |r| {
             Ok(Event {
                 seq: r.get(0)?,
@@ -107,7 +108,14 @@ pub fn read(
     limit: i64,
     types: Option<&[String]>,
 ) -> Result<Vec<Event>> {
+    // Every run's events: only below the horizon of the writers still in flight (PostgreSQL;
+    // read before the snapshot, see `sql::EVENT_HORIZON_SQL`). One run's events need none:
+    // its writers hold the run's lock, so its `seq` order is its commit order.
+    let horizon = match resource {
+        None => store.event_horizon()?,
+        Some(_) => None,
+    };
     store.read("reading events", |tx| {
-        list(tx, resource, after_seq, limit, types)
+        list(tx, resource, after_seq, limit, types, horizon)
     })
 }

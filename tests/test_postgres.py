@@ -8,6 +8,8 @@ append-only events. The behaviour, concurrency and fencing suites run on Postgre
 from __future__ import annotations
 
 import multiprocessing
+import threading
+import time
 from typing import Any
 
 import psycopg
@@ -273,3 +275,48 @@ def test_several_processes_open_a_fresh_schema_at_once() -> None:
             assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone() == (
                 fp.SCHEMA_VERSION,
             )
+
+
+def test_the_global_event_cursor_never_passes_an_uncommitted_event() -> None:
+    # Two runs, two transactions: "slow" allocates its event seq first and stays uncommitted
+    # for a second (a trigger sleeps in its event insert); "fast" commits a higher seq
+    # meanwhile. A reader of every run's events must not return fast's event before slow's
+    # commits, or a cursor (after_seq) would move past slow's seq and never see it. One run's
+    # own events are not held back.
+    with pg_schema() as url:
+        with fp.Ledger.open(url) as ledger:
+            ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="seed", force=True)
+            seed = ledger.events()
+        with pg_connect(url) as conn:
+            conn.execute(
+                "CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "IF NEW.resource_id = 'slow' THEN PERFORM pg_sleep(1.5); END IF; "
+                "RETURN NEW; END $$"
+            )
+            conn.execute(
+                "CREATE TRIGGER slow_insert BEFORE INSERT ON events "
+                "FOR EACH ROW EXECUTE FUNCTION slow_insert()"
+            )
+
+        def start(run_id: str) -> None:
+            with fp.Ledger.open(url) as own:
+                own.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id=run_id, force=True)
+
+        slow = threading.Thread(target=start, args=("slow",))
+        slow.start()
+        time.sleep(0.5)  # slow's seq is allocated; its transaction sleeps in the trigger
+        start("fast")
+        with fp.Ledger.open(url) as reader:
+            fast_events = reader.events("fast")
+            assert [e.type for e in fast_events] == ["run.started"]
+            with pg_connect(url) as conn:
+                in_flight = conn.execute(
+                    "SELECT count(*) FROM events WHERE resource_id = 'slow'"
+                ).fetchone()
+            assert in_flight == (0,), "slow's event must still be uncommitted here"
+            held_back = reader.events(after_seq=seed[-1].seq)
+            assert held_back == [], "fast's event was returned while slow's lower seq was open"
+            slow.join(10)
+            after = reader.events(after_seq=seed[-1].seq)
+        assert [e.resource_id for e in after] == ["slow", "fast"]
+        assert after[0].seq < after[1].seq == fast_events[0].seq

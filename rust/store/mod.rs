@@ -430,6 +430,13 @@ pub trait Store: Send {
     fn pragmas(&mut self) -> Result<Pragmas>;
     /// The database's own consistency check: `["ok"]` when sound.
     fn integrity_check(&mut self) -> Result<Vec<String>>;
+    /// For a reader of every run's events (`events(None, ...)`): the lowest `seq` that a
+    /// transaction still in flight may yet commit, read *before* the reader's snapshot, or
+    /// `None` when every `seq` below the newest visible one is settled. SQLite commits one
+    /// writer at a time in `seq` order, so it has no horizon; see the PostgreSQL store.
+    fn event_horizon(&mut self) -> Result<Option<i64>> {
+        Ok(None)
+    }
 }
 
 impl dyn Store + '_ {

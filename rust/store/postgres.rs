@@ -662,6 +662,15 @@ impl Store for PgStore {
         }
     }
 
+    /// One autocommit statement, before the reader's transaction takes its snapshot.
+    fn event_horizon(&mut self) -> Result<Option<i64>> {
+        self.ensure_connected()?;
+        let row = self.block("reading events", |c| {
+            c.query_one(sql::EVENT_HORIZON_SQL, &[])
+        })?;
+        Ok(row.get(0))
+    }
+
     fn pragmas(&mut self) -> Result<Pragmas> {
         self.ensure_connected()?;
         let row = self.block("reading settings", |c| {
@@ -1092,6 +1101,13 @@ impl crate::store::Tx for Tx<'_> {
     fn lock_run(&self, run_id: &str) -> Result<()> {
         if self.locked.borrow().iter().any(|r| r == run_id) {
             return Ok(());
+        }
+        // Every write that appends events locks a run first, so the first run lock of a
+        // transaction also puts down its floor for the global event cursor — before any `seq`
+        // is allocated (see `sql::EVENT_FLOOR_LOCK_SQL`). Queued, so it costs no round trip.
+        if self.locked.borrow().is_empty() {
+            crate::store::Tx::defer(self, &sql::EVENT_FLOOR_LOCK_SQL, crate::params![])
+                .map_err(|e| crate::store::Tx::fail(self, &e))?;
         }
         crate::store::Tx::defer(self, &sql::LOCK_RUN_SQL, crate::params![run_id])
             .map_err(|e| crate::store::Tx::fail(self, &e))?;

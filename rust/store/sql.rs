@@ -36,19 +36,51 @@ pub const INSERT_EVENT_SQL: Sql = Sql::split(
     FROM events WHERE resource_id = ?1",
 );
 /// `?2 IS NULL` / `?3 IS NULL` switch the filters off without changing the statement.
+/// ?5: the event horizon (see [`EVENT_HORIZON_SQL`]): only `seq` below it, or NULL for all.
 pub const LIST_EVENTS_SQL: Sql = Sql::split(
     "SELECT seq, resource_id, revision, type, actor_type, actor_id,
     generation, payload, ts FROM events
     WHERE seq > ?1 AND (?2 IS NULL OR resource_id = ?2)
       AND (?3 IS NULL OR type IN (SELECT value FROM json_each(?3)))
+      AND (?5 IS NULL OR seq < ?5)
     ORDER BY seq LIMIT ?4",
     "SELECT seq, resource_id, revision, type, actor_type, actor_id,
     generation, payload, ts FROM events
     WHERE seq > ?1 AND (CAST(?2 AS TEXT) IS NULL OR resource_id = ?2)
       AND (CAST(?3 AS TEXT) IS NULL
            OR type IN (SELECT jsonb_array_elements_text(CAST(?3 AS TEXT)::jsonb)))
+      AND (CAST(?5 AS BIGINT) IS NULL OR seq < ?5)
     ORDER BY seq LIMIT ?4",
 );
+
+/// The global event cursor on PostgreSQL, writer's half. `seq` comes from a sequence, so two
+/// transactions on different runs can commit out of `seq` order: a reader paging every run's
+/// events by `after_seq` could return `seq` 52 while 50 is still uncommitted, move its cursor
+/// past 50 and never see it. So before anything else, every write transaction takes a shared
+/// advisory lock whose key carries the sequence's current value — a floor under every `seq`
+/// it can still allocate (shared: writers never wait for each other; the key is per schema,
+/// `hashtext` of `fencepost/events/<schema>`, and the value goes in the second key modulo
+/// 2^31). Held until the transaction ends, it is visible to every session in `pg_locks`.
+pub const EVENT_FLOOR_LOCK_SQL: Sql = Sql::split(
+    "",
+    "SELECT pg_advisory_xact_lock_shared(
+        hashtext('fencepost/events/' || current_schema()),
+        CAST((SELECT last_value FROM events_seq_seq) % 2147483648 AS INTEGER))",
+);
+/// The reader's half: the lowest floor among the writers in flight, the full value rebuilt
+/// from its 31 bits next to the sequence's current value (a floor lags it by far less than
+/// 2^31). Read in its own statement *before* the reader's snapshot: a writer seen here cannot
+/// commit anything below its floor that the snapshot would miss, and a writer that committed
+/// before this read is in the snapshot; one that starts later allocates above every `seq`
+/// allocated now. Readers return only `seq` below it. A lock of another schema that lands on
+/// the same key can only lower the horizon (a later page), never skip an event.
+pub const EVENT_HORIZON_SQL: &str = "SELECT min(s.cur - (((s.cur - l.objid::bigint) % 2147483648)
+        + 2147483648) % 2147483648)
+    FROM pg_locks l, (SELECT last_value AS cur FROM events_seq_seq) s
+    WHERE l.locktype = 'advisory' AND l.objsubid = 2
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid::bigint
+          = (hashtext('fencepost/events/' || current_schema())::bigint & 4294967295)";
 
 // ------------------------------------------------------------------ runs
 

@@ -140,6 +140,7 @@ def test_doctor_healthy_and_the_env_var(demo: tuple[pathlib.Path, dict[str, Any]
     assert done.returncode == 0, done.stderr
     assert "journal_mode" in done.stdout
     assert "wal" in done.stdout
+    assert not any(line.startswith("tls ") for line in done.stdout.splitlines())  # SQLite
     assert done.stdout.rstrip().endswith("healthy")
     report = json.loads(cli("doctor", "--json", env={"FENCEPOST_DB": str(db)}).stdout)
     assert report["healthy"]

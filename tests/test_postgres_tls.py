@@ -8,7 +8,10 @@ says so.
 
 from __future__ import annotations
 
+import json
 import pathlib
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -127,3 +130,28 @@ def test_a_root_file_path_may_be_percent_encoded(url: str, tmp_path: pathlib.Pat
     odd.write_bytes(SERVER_CERT.read_bytes())
     encoded = str(odd).replace("%", "%25").replace(" ", "%20").replace("&", "%26")
     assert _tls(f"{url}&sslmode=verify-ca&sslrootcert={encoded}").startswith("TLSv1.")
+
+
+def test_doctor_shows_the_connections_tls(url: str) -> None:
+    # `fencepost doctor` against PostgreSQL, as a user runs it: the TLS line says what the
+    # connection negotiated, and plaintext says off; SQLite's doctor has no such line.
+    _tls(url)  # creates the ledger in the schema
+    for query, expect in [("", "TLSv1." if SERVER_TLS else "off"), ("&sslmode=disable", "off")]:
+        done = subprocess.run(
+            [sys.executable, "-m", "fencepost", "doctor", "--db", url + query],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        line = next(x for x in done.stdout.splitlines() if x.startswith("tls "))
+        assert line.split()[-1].startswith(expect), line
+        report = subprocess.run(
+            [sys.executable, "-m", "fencepost", "doctor", "--json", "--db", url + query],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert json.loads(report.stdout)["pragmas"]["tls"].startswith(expect)

@@ -302,25 +302,23 @@ impl Doc {
     /// Append a string value.
     #[inline]
     pub fn str(&mut self, value: &str) {
-        let start = self.text.len();
-        let plain = put_plain(&mut self.text, value.as_bytes());
-        self.nodes.push(Node::Str {
-            start: narrow(start, &mut self.too_large),
-            len: narrow(value.len(), &mut self.too_large),
-            plain,
-        });
+        let (start, len, plain) = self.push_text(value);
+        self.nodes.push(Node::Str { start, len, plain });
     }
 
     /// Append an object key; its value must be appended next.
     #[inline]
     pub fn key(&mut self, key: &str) {
-        let start = self.text.len();
-        let plain = put_plain(&mut self.text, key.as_bytes());
-        self.nodes.push(Node::Key {
-            start: narrow(start, &mut self.too_large),
-            len: narrow(key.len(), &mut self.too_large),
-            plain,
-        });
+        let (start, len, plain) = self.push_text(key);
+        self.nodes.push(Node::Key { start, len, plain });
+    }
+
+    /// Copy `s` into the text buffer: its place there, and whether it needs no escapes.
+    #[inline]
+    fn push_text(&mut self, s: &str) -> (u32, u32, bool) {
+        let start = narrow(self.text.len(), &mut self.too_large);
+        let plain = put_plain(&mut self.text, s.as_bytes());
+        (start, narrow(s.len(), &mut self.too_large), plain)
     }
 
     /// Open an array; append its elements, then [`Doc::end_array`].
@@ -386,24 +384,27 @@ impl Doc {
 
     /// The canonical UTF-8 bytes, written into the tape's own (recycled) output buffer.
     pub fn write(&mut self) -> &[u8] {
-        let out = std::mem::take(&mut self.out);
-        let mut w = Writer::new(self, out, None);
-        w.run();
-        self.out = w.out;
+        self.run_writer(None);
         &self.out
     }
 
     /// `"sha256:<hex>"` of [`Doc::to_vec`], hashed as it is written so a large document is
     /// never held in memory twice.
     pub fn digest(&mut self) -> String {
+        let mut hasher = self.run_writer(Some(Sha256::new())).unwrap_or_default();
+        hasher.update(&self.out);
+        hex_digest(&hasher.finalize())
+    }
+
+    /// Write the tape into its own output buffer (only the last unhashed chunk stays there when
+    /// `hasher` is given); the hasher comes back.
+    fn run_writer(&mut self, hasher: Option<Sha256>) -> Option<Sha256> {
         let out = std::mem::take(&mut self.out);
-        let mut w = Writer::new(self, out, Some(Sha256::new()));
+        let mut w = Writer::new(self, out, hasher);
         w.run();
         let Writer { out, hasher, .. } = w;
-        let mut hasher = hasher.unwrap_or_default();
-        hasher.update(&out);
         self.out = out;
-        hex_digest(&hasher.finalize())
+        hasher
     }
 
     fn text(&self, start: u32, len: u32) -> &[u8] {

@@ -229,6 +229,14 @@ fn narrow(n: usize, too_large: &mut bool) -> u32 {
     })
 }
 
+/// Where [`Doc::key`] copied a key into the tape's text (full-width offsets, valid even when
+/// the nodes' 32-bit fields overflowed).
+#[derive(Debug, Clone, Copy)]
+pub struct KeyAt {
+    start: usize,
+    len: usize,
+}
+
 /// A container opened on a [`Doc`] and not yet closed.
 #[derive(Debug, Clone, Copy)]
 #[must_use = "close the container with Doc::end_array / Doc::end_object"]
@@ -306,11 +314,26 @@ impl Doc {
         self.nodes.push(Node::Str { start, len, plain });
     }
 
-    /// Append an object key; its value must be appended next.
+    /// Append an object key; its value must be appended next. Returns where the tape keeps
+    /// its copy, so an error found inside the value can name the key without reading the
+    /// caller's (possibly changed) original again.
     #[inline]
-    pub fn key(&mut self, key: &str) {
+    pub fn key(&mut self, key: &str) -> KeyAt {
+        let at = KeyAt {
+            start: self.text.len(),
+            len: key.len(),
+        };
         let (start, len, plain) = self.push_text(key);
         self.nodes.push(Node::Key { start, len, plain });
+        at
+    }
+
+    /// The tape's copy of a key appended by [`Doc::key`].
+    pub fn key_text(&self, at: KeyAt) -> String {
+        self.text
+            .get(at.start..at.start + at.len)
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_default()
     }
 
     /// Copy `s` into the text buffer: its place there, and whether it needs no escapes.

@@ -1,18 +1,36 @@
 //! Python value -> canonical [`Doc`] walk, done while attached so the serializer and the hash
 //! run detached (STYLE §6).
 //!
-//! Rules (DESIGN §4): `bool` is checked before `int` and is never a number; tuples and list
-//! subclasses are arrays; dict subclasses are objects and their keys must be `str`; integers
-//! must lie within ±(2^53−1); floats must be finite; strings must not hold lone surrogates;
-//! a container that contains itself is a cycle; nesting is capped at
-//! [`MAX_DEPTH`](crate::canonical::MAX_DEPTH). Errors carry the JSON path.
+//! Rules: `bool` is checked before `int` and is never a number; tuples and list subclasses are
+//! arrays; dict subclasses are objects and their keys must be `str`; integers must lie within
+//! ±(2^53−1); floats must be finite; strings must not hold lone surrogates; a container that
+//! contains itself is a cycle; nesting is capped at [`MAX_DEPTH`](crate::canonical::MAX_DEPTH).
+//! Errors carry the JSON path.
 //!
 //! This is the hot half of `fencepost.digest`, so it reads objects through the C API with
 //! *borrowed* references (`PyDict_Next`, `PyList_GetItem`): under the stable ABI every
-//! `Py_INCREF` is a function call, and the walk would otherwise pay two per node. Borrowing is
-//! sound because the walk holds the GIL (abi3 builds never run free-threaded) and runs no
-//! Python code while it borrows: the only calls back into Python (`repr`, `str` of a bad key or
-//! integer) happen after the walk has failed and stops.
+//! `Py_INCREF` is a function call, and the walk would otherwise pay two per node.
+//!
+//! # Why borrowing is sound
+//! A borrowed pointer stays valid while its container is neither mutated nor freed, and only
+//! Python code can do either. So the walk guarantees that **no Python code runs from the first
+//! borrow to the last read of any borrowed pointer**:
+//! - The GIL is held throughout, and abi3 builds never run free-threaded, so no other thread
+//!   runs Python code meanwhile. None of the C API calls used below releases the GIL.
+//! - The calls the walk makes on user objects (type checks, `PyDict_Next`, `PyList_GetItem`,
+//!   `PyTuple_GetItem`, `PyUnicode_AsUTF8AndSize`, `PyLong_AsLongLongAndOverflow` on an `int`
+//!   or subclass, `PyFloat_AsDouble` on a `float` or subclass) read the objects' C-level
+//!   storage and never dispatch to `__hash__`, `__eq__`, `__iter__`, `__index__`, `__float__`
+//!   or any other method a subclass may define.
+//! - The cyclic garbage collector is disabled for the walk ([`GcPause`]): an allocation (the
+//!   exception a lone surrogate raises) could otherwise start a collection whose finalizers
+//!   (`__del__`, weakref callbacks) are arbitrary Python code.
+//! - Error messages that need Python code (`repr` of a bad key, `str` of a huge int) are not
+//!   built during the walk: the failing leaf keeps a *strong* reference to the object
+//!   ([`Pending`]) and the message is rendered after the walk has ended and the collector is
+//!   back on. While the error unwinds, keys are named from the tape's own copies
+//!   ([`Doc::key_text`]), never by reading a borrowed key again.
+//! - Cycle detection compares container addresses and never dereferences them.
 
 use std::os::raw::c_int;
 use std::ptr::addr_of_mut;
@@ -30,16 +48,92 @@ pub fn to_doc(obj: &Bound<'_, PyAny>) -> Result<Doc, CanonicalError> {
         py: obj.py(),
         doc: Doc::reuse(),
         open: Vec::with_capacity(16),
+        pending: None,
     };
-    // SAFETY: `obj` is a live reference held for the whole call, and we hold the GIL.
-    let walked = unsafe { walk.value(obj.as_ptr()) }
-        .map_err(|e| *e)
-        .and_then(|()| walk.doc.check_size());
-    if let Err(e) = walked {
-        walk.doc.recycle();
-        return Err(e);
+    let walked = {
+        let _gc = GcPause::new();
+        // SAFETY: `obj` is a live reference held for the whole call, we hold the GIL, and the
+        // collector is paused (module docs: why borrowing is sound).
+        unsafe { walk.value(obj.as_ptr()) }
+            .map_err(|e| *e)
+            .and_then(|()| walk.doc.check_size())
+    };
+    match walked {
+        Ok(()) => Ok(walk.doc),
+        Err(mut e) => {
+            walk.doc.recycle();
+            // Only now, with no borrowed pointer left to read, may Python code run.
+            if let Some(pending) = walk.pending.take() {
+                e.reason = pending.render(obj.py());
+            }
+            Err(e)
+        }
     }
-    Ok(walk.doc)
+}
+
+/// The cyclic garbage collector switched off for as long as this lives (see the module docs),
+/// and back on afterwards if it was on before.
+struct GcPause {
+    was_enabled: bool,
+}
+
+impl GcPause {
+    fn new() -> Self {
+        // SAFETY: PyGC_Disable (stable ABI since 3.10) only flips the collector's flag; the GIL
+        // is held by our caller.
+        Self {
+            was_enabled: unsafe { ffi::PyGC_Disable() } != 0,
+        }
+    }
+}
+
+impl Drop for GcPause {
+    fn drop(&mut self) {
+        if self.was_enabled {
+            // SAFETY: as in `new`; the GIL is still held (the guard never leaves the thread).
+            unsafe { ffi::PyGC_Enable() };
+        }
+    }
+}
+
+/// An error whose message needs Python code, rendered after the walk (see the module docs).
+struct Pending {
+    /// A strong reference: valid whatever the rendering's Python code does to the containers.
+    obj: Py<PyAny>,
+    what: Render,
+}
+
+enum Render {
+    /// A dict key that is not a `str`.
+    KeyNotStr,
+    /// A `str` dict key holding a lone surrogate.
+    KeySurrogate,
+    /// An `int` outside ±(2^53−1) that does not even fit 64 bits.
+    BigInt,
+    /// A value of a type JSON has no form for.
+    Unsupported,
+}
+
+impl Pending {
+    fn render(&self, py: Python<'_>) -> String {
+        let obj = self.obj.bind(py);
+        match self.what {
+            Render::KeyNotStr => format!(
+                "dict key {} is {}, not str; JSON object keys must be strings",
+                repr(obj),
+                type_name(obj)
+            ),
+            Render::KeySurrogate => format!(
+                "dict key {} contains a lone surrogate, which is not valid Unicode text",
+                repr(obj)
+            ),
+            Render::BigInt => canonical::out_of_range_int(&big_int_text(obj)).reason,
+            Render::Unsupported => format!(
+                "unsupported type {}; use None, bool, int, float, str, list, tuple or dict",
+                type_name(obj)
+            ),
+        }
+    }
 }
 
 /// Errors travel boxed through the recursion: a one-word `Result` comes back in a register,
@@ -53,6 +147,8 @@ struct Walk<'py> {
     /// The containers on the path from the root to the current value: its length is the depth,
     /// and meeting a container in it again means a cycle.
     open: Vec<*mut ffi::PyObject>,
+    /// The failing leaf's object, when its message needs Python code.
+    pending: Option<Pending>,
 }
 
 impl Walk<'_> {
@@ -117,10 +213,7 @@ impl Walk<'_> {
             } else if ffi::PyList_Check(obj) != 0 {
                 self.list(obj)
             } else {
-                Err(fail(format!(
-                    "unsupported type {}; use None, bool, int, float, str, list, tuple or dict",
-                    type_name(&self.bound(obj))
-                )))
+                Err(self.defer(obj, Render::Unsupported))
             }
         }
     }
@@ -139,9 +232,7 @@ impl Walk<'_> {
         let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(obj, &raw mut overflow) };
         if overflow != 0 || (v == -1 && unsafe { !ffi::PyErr_Occurred().is_null() }) {
             unsafe { ffi::PyErr_Clear() };
-            return Err(Box::new(canonical::out_of_range_int(&big_int_text(
-                &self.bound(obj),
-            ))));
+            return Err(self.defer(obj, Render::BigInt));
         }
         self.doc.int(v).map_err(Box::new)
     }
@@ -154,31 +245,26 @@ impl Walk<'_> {
         let mut key: *mut ffi::PyObject = std::ptr::null_mut();
         let mut value: *mut ffi::PyObject = std::ptr::null_mut();
         // SAFETY: PyDict_Next yields borrowed references owned by the dict, which the caller
-        // keeps alive; nothing in the loop runs Python code that could mutate it.
+        // keeps alive; no Python code runs in the loop (module docs), so the dict is neither
+        // mutated nor freed while we hold them.
         while unsafe { ffi::PyDict_Next(obj, &raw mut pos, &raw mut key, &raw mut value) } != 0 {
             // Exact-type compare first: PyUnicode_Check is a function call under abi3.
             if unsafe {
                 ffi::Py_TYPE(key) != addr_of_mut!(ffi::PyUnicode_Type)
                     && ffi::PyUnicode_Check(key) == 0
             } {
-                let k = self.bound(key);
-                return Err(fail(format!(
-                    "dict key {} is {}, not str; JSON object keys must be strings",
-                    repr(&k),
-                    type_name(&k)
-                )));
+                return Err(self.defer(key, Render::KeyNotStr));
             }
+            // SAFETY: `key` is a str (checked above), borrowed from the live dict.
             let Some(k) = (unsafe { Self::utf8(key) }) else {
-                return Err(fail(format!(
-                    "dict key {} contains a lone surrogate, which is not valid Unicode text",
-                    repr(&self.bound(key))
-                )));
+                return Err(self.defer(key, Render::KeySurrogate));
             };
-            self.doc.key(k);
+            let at = self.doc.key(k);
+            // SAFETY: `value` is borrowed from the live dict, as above.
             if let Err(e) = unsafe { self.value(value) } {
-                // Re-read the key: the error path may be long after `k` was borrowed.
-                let name = unsafe { Self::utf8(key) }.unwrap_or_default().to_owned();
-                return Err(Box::new(e.within(PathSegment::Key(name))));
+                // The tape's copy names the key: by now the failing leaf may have raised (and
+                // a raise allocates), so the borrowed key is not read again.
+                return Err(Box::new(e.within(PathSegment::Key(self.doc.key_text(at)))));
             }
             len += 1;
         }
@@ -252,11 +338,19 @@ impl Walk<'_> {
         })
     }
 
-    /// A proper reference to `obj`, for the error paths that call back into Python.
-    fn bound(&self, obj: *mut ffi::PyObject) -> Bound<'_, PyAny> {
-        // SAFETY: `obj` is a live object (borrowed from its container); from_borrowed_ptr
-        // takes a new strong reference.
-        unsafe { Bound::from_borrowed_ptr(self.py, obj) }
+    /// Keep a strong reference to the failing `obj` so that its message can be rendered once
+    /// the walk is over; the returned error's reason is filled in by [`to_doc`].
+    #[allow(
+        clippy::unnecessary_box_returns,
+        reason = "the walk's error type is deliberately boxed"
+    )]
+    fn defer(&mut self, obj: *mut ffi::PyObject, what: Render) -> Boxed {
+        // SAFETY: `obj` is live (borrowed from its container, which no Python code has run
+        // against since); from_borrowed_ptr takes a new strong reference (an incref, which
+        // runs no Python code).
+        let obj = unsafe { Bound::from_borrowed_ptr(self.py, obj).unbind() };
+        self.pending = Some(Pending { obj, what });
+        fail(String::new())
     }
 }
 

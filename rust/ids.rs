@@ -4,6 +4,12 @@
 //!   by creation time.
 //! - Unit and step ids are free-form but bounded: 1–256 characters, no control characters.
 //! - Dispatch ids are UUIDv4: unguessable, stable across reclaims of one attempt.
+//! - Every text argument, on both backends alike ([`check_text`]): no NUL character (PostgreSQL
+//!   cannot store one in `text`, so SQLite must not either, or the backends would disagree on
+//!   what a ledger can hold), and identifiers and keys at most [`MAX_KEY_BYTES`] bytes of
+//!   UTF-8 (they are indexed, and an index entry must fit a PostgreSQL page). Free text (titles,
+//!   notes, failure reasons...) has no length bound. JSON values are not text arguments: their
+//!   strings may hold U+0000, stored as the escape `\u0000` of canonical JSON.
 
 use crate::errors::{LedgerError, Result};
 
@@ -41,6 +47,59 @@ pub fn check_name(argument: &str, value: &str) -> Result<()> {
         ))
     } else {
         Ok(())
+    }
+}
+
+/// The longest identifier or key, in bytes of UTF-8: indexed columns, alone or with one or two
+/// other keys (`runs(scope_key, workflow_ref, status)`), stay under PostgreSQL's limit of about
+/// 2700 bytes for one B-tree entry.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// The text arguments that are free text — stored, shown, never indexed or compared — and so
+/// have no length bound. Every other text argument is an identifier or key.
+pub const PROSE: &[&str] = &[
+    "title",
+    "instructions",
+    "notes",
+    "summary",
+    "failure_reason",
+    "holder",
+    "runner",
+    "engine",
+    "model",
+    "worktree_path",
+    "agent_harness",
+    "agent_session_id",
+];
+
+/// Check a text argument named `argument`: no NUL, and at most [`MAX_KEY_BYTES`] unless the
+/// argument is free text ([`PROSE`]).
+pub fn check_text(argument: &str, value: &str) -> Result<()> {
+    check_prose(argument, value)?;
+    if value.len() > MAX_KEY_BYTES && !PROSE.contains(&argument) {
+        return Err(LedgerError::invalid(
+            argument,
+            format!(
+                "is {} bytes long; identifiers and keys are at most {MAX_KEY_BYTES} bytes of \
+                 UTF-8 (keep long text in a JSON argument)",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Check free text: no NUL character.
+pub fn check_prose(argument: &str, value: &str) -> Result<()> {
+    match value.find('\0') {
+        None => Ok(()),
+        Some(at) => Err(LedgerError::invalid(
+            argument,
+            format!(
+                "contains a NUL character (\\x00) at byte {at}; text arguments cannot hold NUL \
+                 (put binary data in a JSON argument, encoded)"
+            ),
+        )),
     }
 }
 
@@ -84,5 +143,22 @@ mod tests {
         assert!(check_name("unit_id", "a\nb").is_err());
         assert!(check_name("unit_id", &"é".repeat(257)).is_err());
         assert_ne!(new_dispatch_id(), new_dispatch_id());
+    }
+
+    #[test]
+    fn text_refuses_nul_everywhere_and_bounds_keys_only() {
+        let nul = check_text("failure_reason", "bad\0reason").unwrap_err();
+        assert!(
+            matches!(nul, LedgerError::InvalidArgument { ref argument, ref message }
+                if argument == "failure_reason" && message.contains("byte 3")),
+            "{nul:?}"
+        );
+        assert!(check_text("scope_key", "a\0").is_err());
+        let long = "k".repeat(MAX_KEY_BYTES + 1);
+        assert!(check_text("scope_key", &"k".repeat(MAX_KEY_BYTES)).is_ok());
+        assert!(check_text("scope_key", &long).is_err());
+        assert!(check_text("failure_reason", &long).is_ok());
+        assert!(check_prose("steps", &long).is_ok());
+        assert!(check_prose("steps", "\0").is_err());
     }
 }

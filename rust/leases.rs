@@ -20,6 +20,28 @@ use crate::store::{sql, Tx};
 /// for that long.
 pub const MAX_LEASE_MS: i64 = 86_400_000;
 
+/// The latest time an injected clock may return, in epoch milliseconds: every timestamp the
+/// ledger writes (an expiry is the clock plus at most [`MAX_LEASE_MS`]) must still read back as
+/// a Python `datetime`, whose last instant is 9999-12-31T23:59:59.999Z.
+pub const MAX_CLOCK_MS: i64 = 253_402_300_799_999 - MAX_LEASE_MS;
+
+/// Check a time read from an injected clock before anything is written with it: a value that
+/// could not be read back would make the run unreadable from then on.
+pub fn check_clock_ms(now_ms: i64) -> Result<()> {
+    if (0..=MAX_CLOCK_MS).contains(&now_ms) {
+        Ok(())
+    } else {
+        Err(LedgerError::invalid(
+            "clock",
+            format!(
+                "returned {now_ms}, outside the epoch milliseconds fencepost can store (0 to \
+                 {MAX_CLOCK_MS}, 1970 to 9999); return int(time.time() * 1000) or a test time \
+                 in that range"
+            ),
+        ))
+    }
+}
+
 /// What a claimed write presents: the run, the generation it claimed, and the token's hash
 /// (the token itself never reaches the store).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -423,19 +423,23 @@ pub fn get_run(store: &mut dyn Store, run_id: &str) -> Result<Option<Run>> {
 
 /// The single run id starting with `prefix` (LIKE metacharacters literal).
 pub fn resolve_run_id(store: &mut dyn Store, prefix: &str) -> Result<String> {
-    let mut pattern = String::with_capacity(prefix.len() + 2);
-    for c in prefix.chars() {
-        if matches!(c, '%' | '_' | '\\') {
-            pattern.push('\\');
-        }
-        pattern.push(c);
+    if prefix.is_empty() {
+        return Err(LedgerError::invalid(
+            "prefix",
+            "must not be empty; give the first characters of a run id",
+        ));
     }
-    pattern.push('%');
+    let above = prefix_successor(prefix);
     let mut matches = store.read("resolving a run id", |tx| {
-        tx.rows(&sql::RESOLVE_RUN_ID_SQL, params![&pattern], |r| {
+        tx.rows(&sql::RESOLVE_RUN_ID_SQL, params![prefix, &above], |r| {
             r.get::<String>(0)
         })
     })?;
+    // Matches come in byte order, so an id equal to the prefix comes first; it wins over the
+    // longer ids it is a prefix of (`deploy` beside `deploy-2`), or it could never be named.
+    if matches.first().is_some_and(|m| m == prefix) {
+        return Ok(matches.swap_remove(0));
+    }
     match matches.len() {
         0 => Err(LedgerError::RunNotFound {
             run_id: prefix.to_owned(),
@@ -446,6 +450,30 @@ pub fn resolve_run_id(store: &mut dyn Store, prefix: &str) -> Result<String> {
             matches,
         }),
     }
+}
+
+/// The least string above every string that starts with `prefix`, in code point order (which
+/// is UTF-8 byte order): the prefix's last character that can be incremented, incremented, with
+/// what follows it dropped. Run ids starting with `prefix` are exactly those in
+/// `[prefix, successor)`, an index range, matched case-sensitively on both backends (SQLite's
+/// `LIKE` ignores ASCII case, PostgreSQL's does not). A prefix of nothing but U+10FFFF has no
+/// successor; ids are at most [`crate::ids::MAX_KEY_BYTES`] bytes, so a longer run of U+10FFFF
+/// bounds them all.
+fn prefix_successor(prefix: &str) -> String {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = match last {
+            '\u{D7FF}' => Some('\u{E000}'),
+            c => char::from_u32(u32::from(c) + 1),
+        };
+        if let Some(next) = next {
+            chars.push(next);
+            return chars.into_iter().collect();
+        }
+    }
+    let mut above = prefix.to_owned();
+    above.extend(std::iter::repeat_n(char::MAX, crate::ids::MAX_KEY_BYTES / 4 + 1));
+    above
 }
 
 /// `list_runs` filters.

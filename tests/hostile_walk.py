@@ -15,6 +15,7 @@ Usage: python -m tests.hostile_walk SEED ITERATIONS
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import random
 import sys
@@ -53,7 +54,8 @@ class World:
                     dict.popitem(target)
                 else:
                     for i in range(50):
-                        dict.__setitem__(target, f"grown-{i}-" + "x" * self.rng.randrange(4096), [i])
+                        grown = f"grown-{i}-" + "x" * self.rng.randrange(4096)
+                        dict.__setitem__(target, grown, [i])
             elif isinstance(target, list):
                 if action == 0:
                     list.clear(target)
@@ -151,10 +153,8 @@ def build(world: World, cls: dict[str, type], depth: int) -> Any:
                 key = BIG + str(rng.randrange(1000))
             else:
                 key = f"k{rng.randrange(1000)}"
-            try:
+            with contextlib.suppress(RuntimeError):
                 d[key] = build(world, cls, depth + 1)
-            except RuntimeError:
-                pass
         world.containers.append(d)
         return d
     items = [build(world, cls, depth + 1) for _ in range(rng.randrange(1, 5))]

@@ -35,10 +35,7 @@ def _run_child(args: list[str], timeout: float = 240) -> subprocess.CompletedPro
 
 def _describe(proc: subprocess.CompletedProcess[str]) -> str:
     status = proc.returncode
-    if status < 0:
-        status_text = f"killed by {signal.Signals(-status).name}"
-    else:
-        status_text = f"exit {status}"
+    status_text = f"killed by {signal.Signals(-status).name}" if status < 0 else f"exit {status}"
     return f"{status_text}\nstdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-4000:]}"
 
 

@@ -34,6 +34,7 @@ class Ledger:
         url: str | None = None,
         schema: str | None = None,
     ) -> Ledger: ...
+    def target(self) -> str: ...
     def close(self) -> None: ...
     def pragmas(self) -> dict[str, Any]: ...
     def integrity_check(self) -> list[str]: ...
@@ -50,7 +51,7 @@ class Ledger:
         run_id: object,
         title: object,
         guard_refs: object,
-        force: bool,
+        force: object,
         agent_harness: object,
         agent_session_id: object,
     ) -> _RunRow: ...
@@ -72,8 +73,8 @@ class Ledger:
         all_scopes: bool,
         scope_key: object,
         workflow_refs: object,
-        active_only: bool,
-        include_children: bool,
+        active_only: object,
+        include_children: object,
     ) -> list[_RunRow]: ...
     def find_active_run(
         self, workflow_refs: object, scope_key: object, outside: bool

@@ -9,16 +9,37 @@ SQLite works. Results, models and errors are exactly the synchronous ones.
 
 Calls on one ``AsyncLedger`` share its connection and are serialized by it (one transaction at
 a time per ledger, as with threads); open several ledgers for parallel writers.
+
+Cancellation (``task.cancel()``, ``asyncio.wait_for`` or ``asyncio.timeout`` running out)
+cancels the *wait*, not the work. A transaction already handed to its thread runs to its end
+and commits or rolls back exactly as it would have; the cancelled caller just does not see the
+outcome. So a cancelled write **may have committed**, and every write has a way back:
+
+- ``claim`` and ``prepare_or_adopt`` take a lease whose token only the call's result carries.
+  When one of them is cancelled, the cancellation waits for the transaction to end and releases
+  the lease it took (if any) before ``CancelledError`` (or ``TimeoutError``) reaches the caller,
+  so no lease is left that nobody can use or give back. ``open`` likewise closes the ledger it
+  opened.
+- ``reserve_attempt(s)``: call it again with the same units; attempts the cancelled call
+  reserved come back ``kind="reclaimed"`` with the same attempt numbers and dispatch ids.
+- ``finish_attempt(s)`` is a compare-and-set: calling it again returns ``False`` for a finish
+  that already landed, and nothing is written twice.
+- ``start_run(run_id=...)``, ``publish_child_run`` (by ``invocation_key``) and
+  ``prepare_or_adopt`` are idempotent by key; ``get_run``/``events`` show what happened.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from fencepost.errors import LedgerError
 from fencepost.ledger import Durability, Ledger
+from fencepost.models import Claim
 
 __all__ = ["AsyncLedger"]
 
@@ -28,16 +49,54 @@ R = TypeVar("R")
 
 def _in_thread(
     method: Callable[Concatenate[Ledger, P], R],
+    *,
+    lease: Callable[[R], Claim | None] | None = None,
 ) -> Callable[Concatenate[AsyncLedger, P], Coroutine[Any, Any, R]]:
-    """The coroutine form of a ``Ledger`` method, with the same signature and docstring."""
+    """The coroutine form of a ``Ledger`` method, with the same signature and docstring.
+
+    ``lease`` picks the claim out of the method's result, for the methods that take a lease:
+    cancelled, the coroutine releases it (see the module docs)."""
 
     async def call(self: AsyncLedger, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return await asyncio.to_thread(method, self.ledger, *args, **kwargs)
+        if lease is None:
+            return await asyncio.to_thread(method, self.ledger, *args, **kwargs)
+        ledger = self.ledger
+
+        def release(result: R) -> None:
+            taken = lease(result)
+            if taken is not None:
+                ledger.release(taken)
+
+        return await _undo_on_cancel(functools.partial(method, ledger, *args, **kwargs), release)
 
     call.__name__ = method.__name__
     call.__qualname__ = f"AsyncLedger.{method.__name__}"
     call.__doc__ = method.__doc__
     return call
+
+
+async def _undo_on_cancel(work: Callable[[], R], undo: Callable[[R], None]) -> R:
+    """Run ``work`` in a thread. If the caller is cancelled meanwhile, wait for ``work`` to end
+    and run ``undo`` on what it returned (in a thread too) before re-raising the cancellation:
+    what ``work`` took is given back, since the cancelled caller never receives it."""
+    inner = asyncio.ensure_future(asyncio.to_thread(work))
+    try:
+        return await asyncio.shield(inner)
+    except asyncio.CancelledError:
+        while not inner.done():
+            # Cancelled again while waiting: keep waiting, the work ends on its own.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([inner])
+        if not inner.cancelled() and inner.exception() is None:
+            done = asyncio.ensure_future(asyncio.to_thread(undo, inner.result()))
+            while not done.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([done])
+            if not done.cancelled():
+                # A lease that lapsed or was taken over meanwhile needs no release.
+                with contextlib.suppress(LedgerError):
+                    done.result()
+        raise
 
 
 class AsyncLedger:
@@ -56,16 +115,23 @@ class AsyncLedger:
         clock: Callable[[], int] | None = None,
         durability: Durability = "normal",
         busy_timeout_ms: int = 5000,
+        create: bool = True,
+        schema: str | None = None,
     ) -> AsyncLedger:
-        """``Ledger.open`` in a worker thread (opening migrates, which may take a moment)."""
-        ledger = await asyncio.to_thread(
-            Ledger.open,
-            target,
-            clock=clock,
-            durability=durability,
-            busy_timeout_ms=busy_timeout_ms,
-        )
-        return cls(ledger)
+        """``Ledger.open`` in a worker thread (opening migrates, which may take a moment); the
+        same keywords. Cancelled, it closes the ledger it opened."""
+
+        def work() -> Ledger:
+            return Ledger.open(
+                target,
+                clock=clock,
+                durability=durability,
+                busy_timeout_ms=busy_timeout_ms,
+                create=create,
+                schema=schema,
+            )
+
+        return cls(await _undo_on_cancel(work, Ledger.close))
 
     async def close(self) -> None:
         """Close the ledger; idempotent."""
@@ -114,8 +180,8 @@ class AsyncLedger:
     unit = _in_thread(Ledger.unit)
     accounting = _in_thread(Ledger.accounting)
     reserve_run = _in_thread(Ledger.reserve_run)
-    prepare_or_adopt = _in_thread(Ledger.prepare_or_adopt)
-    claim = _in_thread(Ledger.claim)
+    claim = _in_thread(Ledger.claim, lease=lambda claim: claim)
+    prepare_or_adopt = _in_thread(Ledger.prepare_or_adopt, lease=lambda prep: prep.claim)
     heartbeat = _in_thread(Ledger.heartbeat)
     release = _in_thread(Ledger.release)
     set_status = _in_thread(Ledger.set_status)

@@ -81,7 +81,7 @@ def default_db() -> str:
 def open_existing(target: str) -> fp.Ledger:
     """Open a ledger that must already exist (read commands create nothing)."""
     path = target.removeprefix("sqlite://")
-    is_file = target != ":memory:" and not target.startswith("postgresql://")
+    is_file = target != ":memory:" and not target.startswith(("postgresql://", "postgres://"))
     if is_file and not pathlib.Path(path).is_file():
         raise Refused(
             f"no ledger at {path}; pass --db PATH or set FENCEPOST_DB "
@@ -233,7 +233,7 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
         ]  # fmt: skip
     healthy = integrity == ["ok"] and not orphans
     report = {
-        "database": args.db,
+        "database": ledger.target,
         "schema_version": pragmas["schema_version"],
         "library_schema_version": fp.SCHEMA_VERSION,
         "pragmas": pragmas,
@@ -248,7 +248,7 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
         write_json(report, out)
     else:
         lines = [
-            ("database", args.db),
+            ("database", ledger.target),
             ("schema", f"{pragmas['schema_version']} (library {fp.SCHEMA_VERSION})"),
             ("journal_mode", pragmas["journal_mode"]),
             ("synchronous", pragmas["synchronous"]),

@@ -30,6 +30,7 @@ from multiprocessing.connection import wait
 from typing import Any, TextIO
 
 import fencepost as fp
+from fencepost.ledger import redact_target
 
 BATCH = 50
 LEASE_MS = 1500
@@ -242,6 +243,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         if pathlib.Path(db).exists():
             err.write(f"fencepost: {db} exists; the demo writes a new ledger (pick another --db)\n")
             return 2
+    shown = redact_target(db)
     workers, units = args.workers, args.units
     rnd = random.Random(args.seed)
     started = time.monotonic()
@@ -266,7 +268,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         for w in range(workers)
     ]
     readers = {pipes[w][0]: w for w in range(workers)}
-    err.write(f"fencepost demo: {units} units, {workers} workers, ledger {db}\n")
+    err.write(f"fencepost demo: {units} units, {workers} workers, ledger {shown}\n")
     for p in procs:
         p.start()
     for _, writer in pipes:
@@ -336,7 +338,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         total_attempts = sum(ledger.accounting(s).total_attempts for s in shards)
         checks = _invariants(ledger, parent, shards, units)
     report = {
-        "database": db,
+        "database": shown,
         "units": units,
         "workers": workers,
         "attempts": total_attempts,
@@ -370,5 +372,5 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         out.write("invariants (read back from the database):\n")
         for name, ok in checks.items():
             out.write(f"  {'ok  ' if ok else 'FAIL'} {name}\n")
-        out.write(f"ledger: {db}\n  try: fencepost show {parent} --db {db}\n")
+        out.write(f"ledger: {shown}\n  try: fencepost show {parent} --db {shown}\n")
     return 0 if all(checks.values()) else 1

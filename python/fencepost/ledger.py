@@ -28,7 +28,7 @@ from fencepost.models import (
     from_ms,
 )
 
-__all__ = ["ALL_SCOPES", "Ledger"]
+__all__ = ["ALL_SCOPES", "Ledger", "redact_target"]
 
 
 class _AllScopes:
@@ -94,12 +94,51 @@ def _lease(t: tuple[Any, ...]) -> Lease:
     return Lease(t[0], t[1], t[2], t[3], from_ms(t[4]), from_ms(t[5]))
 
 
-def _refs(workflow_refs: str | Iterable[str] | None) -> list[str] | None:
-    if workflow_refs is None:
+def _refs(value: str | Iterable[str] | None, argument: str) -> list[str] | None:
+    """One str or an iterable of them as a list (the core checks each item)."""
+    if value is None:
         return None
-    if isinstance(workflow_refs, str):
-        return [workflow_refs]
-    return list(workflow_refs)
+    if isinstance(value, str):
+        return [value]
+    try:
+        return list(value)
+    except TypeError:
+        raise InvalidArgument(
+            f"{argument} must be a str or an iterable of str, not {type(value).__name__}",
+            argument=argument,
+        ) from None
+
+
+def _check_text(value: str, argument: str) -> None:
+    """What the core cannot be handed: a lone surrogate (not UTF-8) or a NUL."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(
+            f"{argument} contains a lone surrogate (U+D800..U+DFFF), which is not valid "
+            "Unicode text",
+            argument=argument,
+        ) from None
+    if "\x00" in value:
+        raise InvalidArgument(f"{argument} contains a NUL character", argument=argument)
+
+
+def redact_target(target: str) -> str:
+    """``target`` fit to show: a PostgreSQL URL's password (in the user part or a
+    ``password=`` query parameter) becomes ``***``; paths are returned as they are."""
+    if not target.startswith(("postgresql://", "postgres://")):
+        return target
+    scheme, rest = target.split("://", 1)
+    base, sep, query = rest.partition("?")
+    authority, slash, path = base.partition("/")
+    userinfo, at, hostport = authority.rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***"
+    pairs = [
+        "password=***" if pair.split("=", 1)[0].lower() == "password" else pair
+        for pair in query.split("&")
+    ]
+    return f"{scheme}://{userinfo}{at}{hostport}{slash}{path}{sep}{'&'.join(pairs)}"
 
 
 def _parse_target(target: object) -> tuple[str | None, str | None]:
@@ -112,6 +151,7 @@ def _parse_target(target: object) -> tuple[str | None, str | None]:
             f"'postgresql://user@host/db'), not {target!r}",
             argument="target",
         )
+    _check_text(target, "target")
     if target.startswith("sqlite:///"):
         target = target[len("sqlite:///") :]
         if not target:
@@ -169,6 +209,8 @@ class Ledger:
             raise InvalidArgument(
                 f"schema must be a str or None, not {schema!r}", argument="schema"
             )
+        if schema is not None:
+            _check_text(schema, "schema")
         if durability not in ("normal", "full"):
             raise InvalidArgument(
                 f"durability must be 'normal' or 'full', not {durability!r}",
@@ -191,6 +233,16 @@ class Ledger:
         return cls(
             _core.Ledger(path, durability, busy_timeout_ms, clock, bool(create), url, schema)
         )
+
+    @property
+    def target(self) -> str:
+        """What this ledger is open on, fit to show: the file path, ``:memory:``, or the
+        PostgreSQL URL as ``postgresql://user@host:port/db?schema=name`` (never the
+        password)."""
+        return self._core.target()
+
+    def __repr__(self) -> str:
+        return f"<fencepost.Ledger {self.target}>"
 
     def close(self) -> None:
         """Close the database connection. Idempotent; later calls raise ``LedgerError``."""
@@ -259,7 +311,7 @@ class Ledger:
         return _run_required(
             self._core.start_run(
                 workflow_ref, scope_key, steps, params, plan, run_id, title,
-                _refs(guard_refs), force, agent_harness, agent_session_id,
+                _refs(guard_refs, "guard_refs"), force, agent_harness, agent_session_id,
             )
         )  # fmt: skip
 
@@ -306,19 +358,21 @@ class Ledger:
         all_scopes = isinstance(scope_key, _AllScopes)
         scope = None if isinstance(scope_key, _AllScopes) else scope_key
         rows = self._core.list_runs(
-            all_scopes, scope, _refs(workflow_refs), active_only, include_children
+            all_scopes, scope, _refs(workflow_refs, "workflow_refs"), active_only, include_children
         )
         return [_run_required(r) for r in rows]
 
     def find_active_run(self, workflow_refs: str | Iterable[str], scope_key: str) -> Run | None:
         """The newest top-level ``active`` run of these refs in ``scope_key``."""
-        return _run(self._core.find_active_run(_refs(workflow_refs), scope_key, False))
+        refs = _refs(workflow_refs, "workflow_refs")
+        return _run(self._core.find_active_run(refs, scope_key, False))
 
     def find_active_run_outside_scope(
         self, workflow_refs: str | Iterable[str], scope_key: str
     ) -> Run | None:
         """The newest top-level ``active`` run of these refs in any *other* scope (or none)."""
-        return _run(self._core.find_active_run(_refs(workflow_refs), scope_key, True))
+        refs = _refs(workflow_refs, "workflow_refs")
+        return _run(self._core.find_active_run(refs, scope_key, True))
 
     def find_scope_occupant(self, scope_key: str) -> Run | None:
         """The newest top-level ``active`` or ``blocked`` run in ``scope_key``."""
@@ -543,5 +597,5 @@ class Ledger:
     ) -> list[Event]:
         """Events in commit order (``seq``), optionally of one run and of some ``types``;
         page with ``after_seq`` (the last ``seq`` you saw)."""
-        wanted = None if types is None else list(types)
+        wanted = _refs(types, "types")
         return [_event(t) for t in self._core.events(run_id, after_seq, limit, wanted)]

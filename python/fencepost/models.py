@@ -8,7 +8,7 @@ decoded, never as digests.
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 __all__ = [
@@ -147,11 +147,13 @@ class Accounting:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A live claim on a run: ``token`` is the secret (only its SHA-256 is stored)."""
+    """A live claim on a run: ``token`` is the secret (only its SHA-256 is stored), so it is
+    left out of ``repr()``: logging a claim (or a ``Preparation`` holding one) must not leak
+    it. The attribute itself is there to use."""
 
     run_id: str
     generation: int
-    token: str
+    token: str = field(repr=False)
     owner_id: str
     expires_at: _dt.datetime
 

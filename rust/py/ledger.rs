@@ -8,7 +8,7 @@
 use std::sync::{Mutex, PoisonError};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::attempts::{self, FinishSpec, UnitSpec};
 use crate::canonical::Doc;
@@ -28,6 +28,8 @@ use crate::{blobs, events};
 pub struct PyLedger {
     store: Mutex<Option<Box<dyn Store>>>,
     clock: Option<Py<PyAny>>,
+    /// The store's password-free label, kept for `repr` after `close`.
+    target: String,
 }
 
 fn invalid(py: Python<'_>, argument: &str, message: impl Into<String>) -> PyErr {
@@ -40,14 +42,31 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .map_or_else(|_| "?".to_owned(), |n| n.to_string())
 }
 
-/// A required `str` argument, refused with `InvalidArgument` naming it.
+/// A required `str` argument, refused with `InvalidArgument` naming it. The text rules of
+/// [`crate::ids::check_text`] apply (no NUL; identifiers and keys bounded).
 fn text(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<String> {
+    let s = any_str(obj, argument)?;
+    crate::ids::check_text(argument, &s).map_err(|e| to_pyerr(obj.py(), e))?;
+    Ok(s)
+}
+
+/// A `str` that is free text wherever it appears (a step's title or instructions inside
+/// `steps`): NUL refused, no length bound.
+fn prose(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<String> {
+    let s = any_str(obj, argument)?;
+    crate::ids::check_prose(argument, &s).map_err(|e| to_pyerr(obj.py(), e))?;
+    Ok(s)
+}
+
+fn any_str(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<String> {
     obj.extract::<String>().map_err(|_| {
-        invalid(
-            obj.py(),
-            argument,
-            format!("must be a str, not {}", type_name(obj)),
-        )
+        let message = if obj.is_instance_of::<PyString>() {
+            // The only str that is not UTF-8: one holding half of a surrogate pair.
+            "contains a lone surrogate (U+D800..U+DFFF), which is not valid Unicode text".to_owned()
+        } else {
+            format!("must be a str, not {}", type_name(obj))
+        };
+        invalid(obj.py(), argument, message)
     })
 }
 
@@ -60,17 +79,37 @@ fn opt_text(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Option<String>> 
     }
 }
 
-/// An `int` argument (`bool` refused: `True` is not a count).
-fn int(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<i64> {
-    if obj.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(invalid(obj.py(), argument, "must be an int, not bool"));
+fn opt_prose(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Option<String>> {
+    if obj.is_none() {
+        Ok(None)
+    } else {
+        prose(obj, argument).map(Some)
     }
-    obj.extract::<i64>().map_err(|_| {
+}
+
+/// A `bool` flag; `0`, `1` or `None` are refused rather than guessed at.
+fn flag(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<bool> {
+    obj.cast::<PyBool>().map(PyBoolMethods::is_true).map_err(|_| {
         invalid(
             obj.py(),
             argument,
-            format!("must be an int, not {}", type_name(obj)),
+            format!("must be True or False, not {}", type_name(obj)),
         )
+    })
+}
+
+/// An `int` argument (`bool` refused: `True` is not a count).
+fn int(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<i64> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(invalid(obj.py(), argument, "must be an int, not bool"));
+    }
+    obj.extract::<i64>().map_err(|_| {
+        let message = if obj.is_instance_of::<PyInt>() {
+            "is out of range: it must fit in a signed 64-bit integer".to_owned()
+        } else {
+            format!("must be an int, not {}", type_name(obj))
+        };
+        invalid(obj.py(), argument, message)
     })
 }
 
@@ -144,28 +183,44 @@ fn dicts<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Vec<Bound<'py
     Ok(out)
 }
 
-/// Refuse keys a dict argument does not know (a typo must not be silently ignored).
-fn known_keys(d: &Bound<'_, PyDict>, argument: &str, i: usize, keys: &[&str]) -> PyResult<()> {
-    for k in d.keys() {
-        let name: String = k.extract().unwrap_or_default();
-        if !keys.contains(&name.as_str()) {
-            return Err(invalid(
-                d.py(),
-                argument,
-                format!(
-                    "item {i} has unknown key {}; allowed: {}",
-                    k.repr().map_or_else(|_| name.clone(), |r| r.to_string()),
-                    keys.join(", ")
-                ),
-            ));
-        }
-    }
-    Ok(())
+/// The items of one dict argument (`steps`, `units`, `finishes` items), read by iterating the
+/// dict once: a key is never looked up, so no key's own `__eq__` or `__hash__` runs.
+struct Fields<'py> {
+    py: Python<'py>,
+    items: Vec<(&'static str, Bound<'py, PyAny>)>,
 }
 
-fn get<'py>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Bound<'py, PyAny>> {
-    Ok(d.get_item(key)?
-        .unwrap_or_else(|| d.py().None().into_bound(d.py())))
+impl<'py> Fields<'py> {
+    /// Item `i` of `argument`; a key that is not a `str` or not one of `keys` (a typo must not
+    /// be silently ignored) is refused.
+    fn read(d: &Bound<'py, PyDict>, argument: &str, i: usize, keys: &[&'static str]) -> PyResult<Self> {
+        let py = d.py();
+        let mut items = Vec::with_capacity(d.len());
+        for (k, v) in d.iter() {
+            let name = k.extract::<String>().ok();
+            let Some(known) = name.as_deref().and_then(|n| keys.iter().find(|&&key| key == n)) else {
+                let shown = name.map_or_else(
+                    || format!("of type {}", type_name(&k)),
+                    |n| format!("{n:?}"),
+                );
+                return Err(invalid(
+                    py,
+                    argument,
+                    format!("item {i} has unknown key {shown}; allowed: {}", keys.join(", ")),
+                ));
+            };
+            items.push((*known, v));
+        }
+        Ok(Self { py, items })
+    }
+
+    /// The value under `key`, or `None` when the item leaves it out.
+    fn get(&self, key: &str) -> Bound<'py, PyAny> {
+        self.items
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or_else(|| self.py.None().into_bound(self.py), |(_, v)| v.clone())
+    }
 }
 
 /// `steps`: dicts with `id` (required), `title`, `instructions`, `completion`.
@@ -173,13 +228,8 @@ fn steps_arg(obj: &Bound<'_, PyAny>) -> PyResult<(Vec<StepSpec>, Vec<Option<Doc>
     let mut specs = Vec::new();
     let mut completions = Vec::new();
     for (i, d) in dicts(obj, "steps")?.iter().enumerate() {
-        known_keys(
-            d,
-            "steps",
-            i,
-            &["id", "title", "instructions", "completion"],
-        )?;
-        let id = get(d, "id")?;
+        let f = Fields::read(d, "steps", i, &["id", "title", "instructions", "completion"])?;
+        let id = f.get("id");
         if id.is_none() {
             return Err(invalid(
                 obj.py(),
@@ -189,11 +239,11 @@ fn steps_arg(obj: &Bound<'_, PyAny>) -> PyResult<(Vec<StepSpec>, Vec<Option<Doc>
         }
         specs.push(StepSpec {
             id: text(&id, "steps")?,
-            title: opt_text(&get(d, "title")?, "steps")?.unwrap_or_default(),
-            instructions: opt_text(&get(d, "instructions")?, "steps")?.unwrap_or_default(),
+            title: opt_prose(&f.get("title"), "steps")?.unwrap_or_default(),
+            instructions: opt_prose(&f.get("instructions"), "steps")?.unwrap_or_default(),
             completion: None,
         });
-        completions.push(opt_doc(&get(d, "completion")?, "steps")?);
+        completions.push(opt_doc(&f.get("completion"), "steps")?);
     }
     Ok((specs, completions))
 }
@@ -220,8 +270,8 @@ const UNIT_KEYS: &[&str] = &[
 ];
 
 fn unit_from_dict(d: &Bound<'_, PyDict>, i: usize) -> PyResult<UnitSpec> {
-    known_keys(d, "units", i, UNIT_KEYS)?;
-    let opt = |k: &str| -> PyResult<Option<String>> { opt_text(&get(d, k)?, k) };
+    let f = Fields::read(d, "units", i, UNIT_KEYS)?;
+    let opt = |k: &str| -> PyResult<Option<String>> { opt_text(&f.get(k), k) };
     Ok(UnitSpec {
         unit_id: opt("unit_id")?.unwrap_or_default(),
         step_id: opt("step_id")?.unwrap_or_default(),
@@ -421,7 +471,10 @@ impl PyLedger {
         };
         let value = clock.call0(py)?;
         let bound = value.bind(py);
-        int(bound, "clock").map_err(|_| {
+        let now = int(bound, "clock").map_err(|e| {
+            if bound.is_instance_of::<PyInt>() && !bound.is_instance_of::<PyBool>() {
+                return e; // an int beyond 64 bits: int() says so
+            }
             invalid(
                 py,
                 "clock",
@@ -430,7 +483,9 @@ impl PyLedger {
                     type_name(bound)
                 ),
             )
-        })
+        })?;
+        crate::leases::check_clock_ms(now).map_err(|e| to_pyerr(py, e))?;
+        Ok(now)
     }
 
     /// Read the clock, detach, lock, run `op` on the store, re-attach.
@@ -479,16 +534,24 @@ impl PyLedger {
             busy_timeout_ms,
             create,
         };
-        let this = Self {
+        let mut this = Self {
             store: Mutex::new(None),
             clock,
+            target: String::new(),
         };
         let now = this.now(py)?;
         let store = py
             .detach(|| crate::store::open(path, url, schema, &opts, now))
             .map_err(|e| to_pyerr(py, e))?;
+        store.label().clone_into(&mut this.target);
         *this.store.lock().unwrap_or_else(PoisonError::into_inner) = Some(store);
         Ok(this)
+    }
+
+    /// The store's label: the path, `:memory:`, or the PostgreSQL URL without its password.
+    /// Readable after `close` (a closed ledger still says what it was).
+    fn target(&self) -> String {
+        self.target.clone()
     }
 
     fn close(&self, py: Python<'_>) {
@@ -558,7 +621,7 @@ impl PyLedger {
         run_id: &Bound<'py, PyAny>,
         title: &Bound<'py, PyAny>,
         guard_refs: &Bound<'py, PyAny>,
-        force: bool,
+        force: &Bound<'py, PyAny>,
         agent_harness: &Bound<'py, PyAny>,
         agent_session_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyTuple>> {
@@ -574,7 +637,7 @@ impl PyLedger {
             run_id: opt_text(run_id, "run_id")?,
             title: opt_text(title, "title")?,
             guard_refs: str_list(guard_refs, "guard_refs")?,
-            force,
+            force: flag(force, "force")?,
             agent_harness: opt_text(agent_harness, "agent_harness")?,
             agent_session_id: opt_text(agent_session_id, "agent_session_id")?,
         };
@@ -642,15 +705,15 @@ impl PyLedger {
         all_scopes: bool,
         scope_key: &Bound<'py, PyAny>,
         workflow_refs: &Bound<'py, PyAny>,
-        active_only: bool,
-        include_children: bool,
+        active_only: &Bound<'py, PyAny>,
+        include_children: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         let filter = RunFilter {
             all_scopes,
             scope_key: opt_text(scope_key, "scope_key")?,
             workflow_refs: str_list(workflow_refs, "workflow_refs")?,
-            active_only,
-            include_children,
+            active_only: flag(active_only, "active_only")?,
+            include_children: flag(include_children, "include_children")?,
         };
         let runs = self.run(py, move |s, _| runs::list_runs(s, &filter))?;
         runs_list(py, runs)
@@ -888,18 +951,18 @@ impl PyLedger {
         let mut specs = Vec::new();
         let mut results = Vec::new();
         for (i, d) in dicts(finishes, "finishes")?.iter().enumerate() {
-            known_keys(d, "finishes", i, FINISH_KEYS)?;
-            results.push(opt_doc(&get(d, "result")?, "result")?);
+            let f = Fields::read(d, "finishes", i, FINISH_KEYS)?;
+            results.push(opt_doc(&f.get("result"), "result")?);
             specs.push(FinishSpec {
-                run_id: text(&get(d, "run_id")?, "run_id")?,
-                unit_id: text(&get(d, "unit_id")?, "unit_id")?,
-                attempt: int(&get(d, "attempt")?, "attempt")?,
-                dispatch_id: text(&get(d, "dispatch_id")?, "dispatch_id")?,
-                status: text(&get(d, "status")?, "status")?,
+                run_id: text(&f.get("run_id"), "run_id")?,
+                unit_id: text(&f.get("unit_id"), "unit_id")?,
+                attempt: int(&f.get("attempt"), "attempt")?,
+                dispatch_id: text(&f.get("dispatch_id"), "dispatch_id")?,
+                status: text(&f.get("status"), "status")?,
                 result: None,
-                tokens: opt_int(&get(d, "tokens")?, "tokens")?,
-                failure_reason: opt_text(&get(d, "failure_reason")?, "failure_reason")?,
-                session_id: opt_text(&get(d, "session_id")?, "session_id")?,
+                tokens: opt_int(&f.get("tokens"), "tokens")?,
+                failure_reason: opt_text(&f.get("failure_reason"), "failure_reason")?,
+                session_id: opt_text(&f.get("session_id"), "session_id")?,
             });
         }
         let fence = fence_arg(claim)?;

@@ -63,17 +63,18 @@ const FOREIGN_TABLES_SQL: &str = "SELECT count(*) FROM sqlite_schema WHERE type 
 const HAS_LEDGER_SQL: &str =
     "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'schema_migrations'";
 
-/// Bring the database up to [`SCHEMA_VERSION`]; returns the version it is at afterwards.
-pub fn migrate(conn: &mut Connection, label: &str, now_ms: i64) -> Result<i64> {
+/// Refuse a database fencepost must not write to — another application's tables without our
+/// migration ledger, a newer schema, an inconsistent ledger — by reading only. The store calls
+/// it before it sets anything that writes to the file (switching the journal to WAL rewrites
+/// the header), so a refused file is left byte for byte as it was. Returns the versions
+/// already applied, or `None` for a database without a ledger yet (new or empty).
+pub fn vet(conn: &Connection, label: &str) -> Result<Option<Vec<(i64, String)>>> {
     let op = "applying schema migrations";
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|e| store_error(op, label, &e))?;
-    let has_ledger: i64 = tx
+    let has_ledger: i64 = conn
         .query_row(HAS_LEDGER_SQL, [], |r| r.get(0))
         .map_err(|e| store_error(op, label, &e))?;
     if has_ledger == 0 {
-        let foreign: i64 = tx
+        let foreign: i64 = conn
             .query_row(FOREIGN_TABLES_SQL, [], |r| r.get(0))
             .map_err(|e| store_error(op, label, &e))?;
         if foreign > 0 {
@@ -85,11 +86,10 @@ pub fn migrate(conn: &mut Connection, label: &str, now_ms: i64) -> Result<i64> {
                 ),
             });
         }
-        tx.execute(CREATE_LEDGER_SQL, [])
-            .map_err(|e| store_error(op, label, &e))?;
+        return Ok(None);
     }
     let applied: Vec<(i64, String)> = {
-        let mut stmt = tx
+        let mut stmt = conn
             .prepare(LIST_APPLIED_SQL)
             .map_err(|e| store_error(op, label, &e))?;
         let rows = stmt
@@ -97,6 +97,25 @@ pub fn migrate(conn: &mut Connection, label: &str, now_ms: i64) -> Result<i64> {
             .map_err(|e| store_error(op, label, &e))?;
         rows.collect::<Result<_, _>>()
             .map_err(|e| store_error(op, label, &e))?
+    };
+    pending(&applied, MIGRATIONS, label)?;
+    Ok(Some(applied))
+}
+
+/// Bring the database up to [`SCHEMA_VERSION`]; returns the version it is at afterwards.
+pub fn migrate(conn: &mut Connection, label: &str, now_ms: i64) -> Result<i64> {
+    let op = "applying schema migrations";
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| store_error(op, label, &e))?;
+    // Vetted again inside the write lock: another process may have migrated (or been pointed
+    // at this file by mistake) since the store's first look.
+    let applied = if let Some(applied) = vet(&tx, label)? {
+        applied
+    } else {
+        tx.execute(CREATE_LEDGER_SQL, [])
+            .map_err(|e| store_error(op, label, &e))?;
+        Vec::new()
     };
     for m in pending(&applied, MIGRATIONS, label)? {
         let step = format!("applying schema migration {} ({})", m.version, m.name);

@@ -444,6 +444,7 @@ impl PgStore {
         let op = "applying schema migrations";
         let target = &self.target;
         let (schema, label) = (&target.schema, &target.label);
+        let create = self.opts.create;
         let fail = |e: PgError| ledger_error(op, label, &classify(target, &e));
         let client = self.client.as_mut().ok_or_else(|| LedgerError::Store {
             operation: op.into(),
@@ -452,9 +453,6 @@ impl PgStore {
         self.runtime.block_on(async {
             let tx = client.transaction().await.map_err(fail)?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-                .await
-                .map_err(fail)?;
-            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
                 .await
                 .map_err(fail)?;
             let has_ledger: i64 = tx
@@ -486,6 +484,21 @@ impl PgStore {
                         ),
                     });
                 }
+                // `create=False` (inspection tools): a missing ledger is an error, and the
+                // schema is not created on the way to reporting it.
+                if !create {
+                    return Err(LedgerError::Store {
+                        operation: "opening the database".into(),
+                        message: format!(
+                            "there is no fencepost ledger in schema {schema} of {label}; check \
+                             the URL's database and ?schema= (opening with create=False never \
+                             makes one)"
+                        ),
+                    });
+                }
+                tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+                    .await
+                    .map_err(fail)?;
                 tx.batch_execute(
                     "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY,
                      name TEXT NOT NULL, applied_at BIGINT NOT NULL)",

@@ -148,8 +148,16 @@ pub const PUBLISH_CHILD_RUN_FIND_SQL: Sql =
 pub const PARENT_SCOPE_SQL: Sql = Sql::same("SELECT scope_key FROM runs WHERE run_id = ?1");
 
 /// `%`, `_` and `\` are escaped by the caller, so the prefix matches literally.
-pub const RESOLVE_RUN_ID_SQL: Sql =
-    Sql::same("SELECT run_id FROM runs WHERE run_id LIKE ?1 ESCAPE '\\' ORDER BY run_id LIMIT 100");
+/// Run ids in `[?1, ?2)` in byte order (see `runs::resolve_run_id`). SQLite compares text
+/// bytewise, so the primary key's index serves the range; PostgreSQL compares by the database's
+/// collation, where ids sharing a prefix need not be adjacent (`en_US` ignores `-` at first),
+/// so it compares under `"C"` (bytewise) instead: a scan of `runs`, acceptable for a lookup a
+/// person makes by hand.
+pub const RESOLVE_RUN_ID_SQL: Sql = Sql::split(
+    "SELECT run_id FROM runs WHERE run_id >= ?1 AND run_id < ?2 ORDER BY run_id LIMIT 100",
+    "SELECT run_id FROM runs WHERE run_id COLLATE \"C\" >= ?1 AND run_id COLLATE \"C\" < ?2
+     ORDER BY run_id COLLATE \"C\" LIMIT 100",
+);
 
 /// Flags switch each filter off: ?1 all scopes, ?2 the scope (`IS` matches NULL too), ?3 the
 /// refs (NULL = any), ?4 active only, ?5 include children.

@@ -137,6 +137,11 @@ impl SqliteStore {
             None => Connection::open_in_memory(),
         }
         .map_err(|e| store_error(op, &label, &e))?;
+        // Refuse a foreign or newer database before `configure` writes to it (WAL mode is
+        // recorded in the file's header): a refused file must stay byte for byte as it was.
+        conn.busy_timeout(Duration::from_millis(opts.busy_timeout_ms))
+            .map_err(|e| store_error(op, &label, &e))?;
+        migrate::vet(&conn, &label)?;
         let mut store = Self {
             checkpointer: None,
             conn,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import pathlib
 import time
 
 import pytest
@@ -102,3 +103,86 @@ def test_the_loop_keeps_ticking_under_thousands_of_calls(target: str) -> None:
     assert len(ticks) >= 10
     assert ticks[-1] - ticks[0] >= 0.5 * elapsed
     assert max(gaps) < max(0.5, elapsed / 3)
+
+
+class SlowClock(FakeClock):
+    """A clock that makes the next call linger in its worker thread (read before the
+    transaction), so that the caller can be cancelled while the work is in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delay = 0.0
+
+    def __call__(self) -> int:
+        if self.delay:
+            time.sleep(self.delay)
+        return self.now
+
+
+@pytest.mark.parametrize("how", ["cancel", "wait_for"])
+def test_a_cancelled_claim_gives_its_lease_back(target: str, how: str) -> None:
+    clock = SlowClock()
+
+    async def main() -> None:
+        ledger = await AsyncLedger.open(target, clock=clock)
+        await ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r", force=True)
+        clock.delay = 0.3
+        call = ledger.claim("r", "host-a", lease_ms=60_000, token="t" * 32)
+        if how == "cancel":
+            task = asyncio.ensure_future(call)
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(call, 0.05)
+        clock.delay = 0.0
+        # The claim did commit (generation 1) and was released before the cancellation
+        # reached us: no lease is left that nobody holds the token of.
+        lease = await ledger.lease("r")
+        assert (lease.generation, lease.owner_id) == (1, None)
+        events = [e.type for e in await ledger.events("r")]
+        assert events[-2:] == ["lease.claimed", "lease.released"]
+        # Another controller can take it at once, without waiting for the lease to lapse.
+        again = await ledger.claim("r", "host-b", lease_ms=60_000)
+        assert again is not None
+        assert again.generation == 2
+        await ledger.close()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_batch_may_have_committed_and_a_retry_reclaims_it(target: str) -> None:
+    # Cancellation cancels the wait, not the transaction: the 20 000 reservations commit. The
+    # way back is the documented one: the same call again reclaims each attempt in place.
+    units = [{"unit_id": f"u{i}", "step_id": "s"} for i in range(20_000)]
+
+    async def main() -> None:
+        ledger = await AsyncLedger.open(target)
+        await ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r", force=True)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(ledger.reserve_attempts("r", units), 0.01)
+        # The thread runs on; the next call on the ledger waits for it (one connection).
+        again = await ledger.reserve_attempts("r", units)
+        assert len(again) == 20_000
+        assert {r.kind for r in again} == {"reclaimed"}
+        assert {r.attempt for r in again} == {1}
+        assert len({r.dispatch_id for r in again}) == 20_000
+        assert len(await ledger.events("r", types=["unit.started"], limit=10_000)) == 10_000
+        await ledger.close()
+
+    asyncio.run(main())
+
+
+def test_open_takes_every_ledger_keyword(tmp_path: pathlib.Path) -> None:
+    open_kw = set(inspect.signature(fp.Ledger.open).parameters)
+    assert set(inspect.signature(AsyncLedger.open).parameters) == open_kw
+
+    async def main() -> None:
+        missing = str(tmp_path / "missing.db")
+        with pytest.raises(fp.StoreError):
+            await AsyncLedger.open(missing, create=False)
+        assert not (tmp_path / "missing.db").exists()
+
+    asyncio.run(main())

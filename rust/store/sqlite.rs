@@ -2,10 +2,11 @@
 //! at open, IMMEDIATE write transactions with bounded busy retry, and the one place where a
 //! `rusqlite::Error` becomes a [`LedgerError`].
 
+mod busy;
 mod checkpoint;
 
 use std::cell::Cell;
-use std::time::Duration;
+use std::sync::Arc;
 
 use rusqlite::config::DbConfig;
 use rusqlite::types::{ToSqlOutput, ValueRef};
@@ -33,6 +34,8 @@ pub struct SqliteStore {
     /// The path (or `:memory:`), named in error messages.
     label: String,
     busy_timeout_ms: u64,
+    /// The busy handler's budget (see `busy`), shared with the checkpointer.
+    busy: Arc<busy::Budget>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -139,7 +142,8 @@ impl SqliteStore {
         .map_err(|e| store_error(op, &label, &e))?;
         // Refuse a foreign or newer database before `configure` writes to it (WAL mode is
         // recorded in the file's header): a refused file must stay byte for byte as it was.
-        conn.busy_timeout(Duration::from_millis(opts.busy_timeout_ms))
+        let mut conn = conn;
+        let busy = busy::install(&mut conn, opts.busy_timeout_ms)
             .map_err(|e| store_error(op, &label, &e))?;
         migrate::vet(&conn, &label)?;
         let mut store = Self {
@@ -147,11 +151,25 @@ impl SqliteStore {
             conn,
             label,
             busy_timeout_ms: opts.busy_timeout_ms,
+            busy,
         };
         store.configure(path.is_some(), opts)?;
         migrate::migrate(&mut store.conn, &store.label, now_ms)?;
         if let Some(p) = path {
-            store.checkpointer = Checkpointer::start(&mut store.conn, p, opts.durability.pragma());
+            // A restarted log truncates its file back to this size (see `checkpoint`).
+            store
+                .conn
+                .execute_batch(&format!(
+                    "PRAGMA journal_size_limit = {}",
+                    checkpoint::JOURNAL_SIZE_LIMIT
+                ))
+                .map_err(|e| store_error(op, &store.label, &e))?;
+            store.checkpointer = Checkpointer::start(
+                &mut store.conn,
+                p,
+                opts.durability.pragma(),
+                Arc::clone(&store.busy),
+            );
         }
         Ok(store)
     }
@@ -170,9 +188,6 @@ impl SqliteStore {
         // its own SQL, so a plan that ignores bound values loses nothing.
         self.conn
             .set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
-            .map_err(err)?;
-        self.conn
-            .busy_timeout(Duration::from_millis(opts.busy_timeout_ms))
             .map_err(err)?;
         // Only takes effect on a new, empty file. Every page a commit touches is one WAL frame
         // written, and the hot-path rows are 100-300 bytes: 1 KiB pages write a quarter of the
@@ -224,9 +239,9 @@ impl SqliteStore {
         let sync: i64 = self
             .conn
             .query_row("PRAGMA synchronous", [], |r| r.get(0))?;
-        let busy_timeout: i64 = self
-            .conn
-            .query_row("PRAGMA busy_timeout", [], |r| r.get(0))?;
+        // The budget of fencepost's busy handler (`PRAGMA busy_timeout` reads back only SQLite's
+        // own handler's).
+        let busy_timeout = i64::try_from(self.busy.get()).unwrap_or(i64::MAX);
         let fk: i64 = self
             .conn
             .query_row("PRAGMA foreign_keys", [], |r| r.get(0))?;

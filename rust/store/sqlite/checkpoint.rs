@@ -8,13 +8,25 @@
 //!
 //! Here the writer's WAL hook only *signals* a background thread, which runs a `PASSIVE`
 //! checkpoint on its own connection: it never takes the write lock, so commits go on while it
-//! copies. A passive checkpoint cannot reset the log while commits keep arriving (the log
-//! restarts only when a writer finds it fully copied), so once the log passes a hard limit the
-//! writer runs one passive checkpoint itself after its commit; the background thread has
-//! already copied almost everything, so that one is short, and the next transaction restarts
-//! the log from the beginning. Durability is unchanged: WAL frames are what a commit relies on,
-//! and checkpoints only move pages that are already durable (or, with `synchronous=NORMAL`,
-//! as durable as SQLite's own checkpoints make them).
+//! copies. Durability is unchanged: WAL frames are what a commit relies on, and checkpoints only
+//! move pages that are already durable (or, with `synchronous=NORMAL`, as durable as SQLite's
+//! own checkpoints make them).
+//!
+//! Copying does not bound the log. A log starts over from its beginning only when a writer finds
+//! it fully copied *and* no reader still reads any of its frames. With several processes
+//! writing and reading all the time both are rarely true at once (a commit lands while a
+//! passive checkpoint copies, and some transaction always holds a snapshot in the log), so the
+//! log and its file grew without end: four dispatcher processes took it past 100 MB, and every
+//! read through a long log's index got slower. So once the log passes [`HARD_FRAMES`], the
+//! writer that crossed it runs a `RESTART` checkpoint right after its commit: it takes the
+//! write lock (no new frames meanwhile), copies what the thread left, and waits for the
+//! readers of the log to finish — new readers read the database file, which by then holds
+//! everything — so the next commit starts the log afresh. Right after a commit is when that
+//! writer can get the lock at once: the others are still asleep in their busy handlers. The
+//! checkpoint waits at most [`RESTART_WAIT`] for the lock and for each reader, so no writer
+//! stalls behind a long reader; if one outlasts it, the checkpoint ends as a passive one and
+//! the next 250 frames try again. `journal_size_limit` (set by the store) truncates the file
+//! when the log starts over, so its size on disk stays bounded too.
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -22,11 +34,19 @@ use std::thread::JoinHandle;
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{Connection, OpenFlags};
 
+use super::busy::Budget;
+
 /// WAL frames after which the background thread is asked to checkpoint (SQLite's default
 /// `wal_autocheckpoint`).
 pub const SOFT_FRAMES: i32 = 1000;
-/// WAL frames after which the writer checkpoints itself so that the log can restart.
+/// WAL frames after which the writer makes the log start over (a `RESTART` checkpoint).
 pub const HARD_FRAMES: i32 = 4 * SOFT_FRAMES;
+/// How long the `RESTART` checkpoint waits for the write lock and for each reader of the log.
+/// Fencepost's readers are single statements of a few milliseconds.
+pub const RESTART_WAIT_MS: u64 = 100;
+/// Bytes the `-wal` file is truncated to when the log starts over: room for the hard limit's
+/// frames (1 KiB pages plus 24-byte frame headers), so a restarted log rarely regrows its file.
+pub const JOURNAL_SIZE_LIMIT: i64 = (HARD_FRAMES as i64 + SOFT_FRAMES as i64) * 1048;
 
 #[derive(Default)]
 struct State {
@@ -63,7 +83,12 @@ impl Checkpointer {
     /// `synchronous` is the writer's setting (`NORMAL`/`FULL`), which decides how checkpoints
     /// fsync. If the second connection cannot be opened, checkpoints stay in the writer (the
     /// SQLite default): slower, never wrong.
-    pub fn start(writer: &mut Connection, path: &str, synchronous: &str) -> Option<Self> {
+    pub fn start(
+        writer: &mut Connection,
+        path: &str,
+        synchronous: &str,
+        busy: Arc<Budget>,
+    ) -> Option<Self> {
         let conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -84,7 +109,8 @@ impl Checkpointer {
         let hook = Arc::clone(&shared);
         // Signal once per SOFT_FRAMES new frames, not on every commit past the mark: each
         // checkpoint fsyncs both files, and a checkpoint per commit would cost more than
-        // SQLite's default.
+        // SQLite's default. Past the hard limit, try a restart every 250 frames until the log
+        // starts over.
         let (mut next, mut last) = (SOFT_FRAMES, 0);
         let hooked = writer.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, frames| {
             if frames < last {
@@ -92,8 +118,15 @@ impl Checkpointer {
             }
             last = frames;
             if frames >= HARD_FRAMES {
-                // Busy (the thread is mid-checkpoint) is fine: the next commit tries again.
-                let _ = wal.checkpoint_v2(CheckpointMode::PASSIVE);
+                if frames >= next {
+                    next = frames + SOFT_FRAMES / 4;
+                    let normal = busy.get();
+                    busy.set(RESTART_WAIT_MS);
+                    // Busy (another checkpoint runs, or a reader outlasted the wait) is fine:
+                    // what could be copied was, and a later commit tries again.
+                    let _ = wal.checkpoint_v2(CheckpointMode::RESTART);
+                    busy.set(normal);
+                }
             } else if frames >= next {
                 next = frames + SOFT_FRAMES;
                 let mut state = hook.lock();

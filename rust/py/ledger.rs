@@ -70,21 +70,26 @@ fn any_str(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<String> {
     })
 }
 
-/// An optional `str` argument.
-fn opt_text(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Option<String>> {
+/// `None`, or what `read` makes of the argument.
+fn optional<'py, T>(
+    obj: &Bound<'py, PyAny>,
+    argument: &str,
+    read: fn(&Bound<'py, PyAny>, &str) -> PyResult<T>,
+) -> PyResult<Option<T>> {
     if obj.is_none() {
         Ok(None)
     } else {
-        text(obj, argument).map(Some)
+        read(obj, argument).map(Some)
     }
 }
 
+/// An optional `str` argument.
+fn opt_text(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Option<String>> {
+    optional(obj, argument, text)
+}
+
 fn opt_prose(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Option<String>> {
-    if obj.is_none() {
-        Ok(None)
-    } else {
-        prose(obj, argument).map(Some)
-    }
+    optional(obj, argument, prose)
 }
 
 /// A `bool` flag; `0`, `1` or `None` are refused rather than guessed at.
@@ -114,11 +119,7 @@ fn int(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<i64> {
 }
 
 fn opt_int(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Option<i64>> {
-    if obj.is_none() {
-        Ok(None)
-    } else {
-        int(obj, argument).map(Some)
-    }
+    optional(obj, argument, int)
 }
 
 /// An optional JSON argument, walked now and serialized later (detached).

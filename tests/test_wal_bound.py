@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO
 
-# The store truncates a restarted log to ~5 MiB; between two restarts it may grow a little past.
+# The log restarts past ~4 MiB of frames and its file is truncated to 16 MiB when it does.
 BOUND = 16 << 20
 
 

@@ -198,8 +198,10 @@ impl<'py> Fields<'py> {
         let py = d.py();
         let mut items = Vec::with_capacity(d.len());
         for (k, v) in d.iter() {
-            let name = k.extract::<String>().ok();
-            let Some(known) = name.as_deref().and_then(|n| keys.iter().find(|&&key| key == n)) else {
+            // Borrowed UTF-8 of the key (no copy): this runs for every field of every batch item.
+            let key = k.cast::<PyString>().ok();
+            let name = key.as_ref().and_then(|s| s.to_str().ok());
+            let Some(known) = name.and_then(|n| keys.iter().find(|&&key| key == n)) else {
                 let shown = name.map_or_else(
                     || format!("of type {}", type_name(&k)),
                     |n| format!("{n:?}"),

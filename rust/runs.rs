@@ -472,7 +472,10 @@ fn prefix_successor(prefix: &str) -> String {
         }
     }
     let mut above = prefix.to_owned();
-    above.extend(std::iter::repeat_n(char::MAX, crate::ids::MAX_KEY_BYTES / 4 + 1));
+    above.extend(std::iter::repeat_n(
+        char::MAX,
+        crate::ids::MAX_KEY_BYTES / 4 + 1,
+    ));
     above
 }
 

@@ -94,13 +94,15 @@ fn opt_prose(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Option<String>>
 
 /// A `bool` flag; `0`, `1` or `None` are refused rather than guessed at.
 fn flag(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<bool> {
-    obj.cast::<PyBool>().map(PyBoolMethods::is_true).map_err(|_| {
-        invalid(
-            obj.py(),
-            argument,
-            format!("must be True or False, not {}", type_name(obj)),
-        )
-    })
+    obj.cast::<PyBool>()
+        .map(PyBoolMethods::is_true)
+        .map_err(|_| {
+            invalid(
+                obj.py(),
+                argument,
+                format!("must be True or False, not {}", type_name(obj)),
+            )
+        })
 }
 
 /// An `int` argument (`bool` refused: `True` is not a count).
@@ -194,7 +196,12 @@ struct Fields<'py> {
 impl<'py> Fields<'py> {
     /// Item `i` of `argument`; a key that is not a `str` or not one of `keys` (a typo must not
     /// be silently ignored) is refused.
-    fn read(d: &Bound<'py, PyDict>, argument: &str, i: usize, keys: &[&'static str]) -> PyResult<Self> {
+    fn read(
+        d: &Bound<'py, PyDict>,
+        argument: &str,
+        i: usize,
+        keys: &[&'static str],
+    ) -> PyResult<Self> {
         let py = d.py();
         let mut items = Vec::with_capacity(d.len());
         for (k, v) in d.iter() {
@@ -209,7 +216,10 @@ impl<'py> Fields<'py> {
                 return Err(invalid(
                     py,
                     argument,
-                    format!("item {i} has unknown key {shown}; allowed: {}", keys.join(", ")),
+                    format!(
+                        "item {i} has unknown key {shown}; allowed: {}",
+                        keys.join(", ")
+                    ),
                 ));
             };
             items.push((*known, v));
@@ -231,7 +241,12 @@ fn steps_arg(obj: &Bound<'_, PyAny>) -> PyResult<(Vec<StepSpec>, Vec<Option<Doc>
     let mut specs = Vec::new();
     let mut completions = Vec::new();
     for (i, d) in dicts(obj, "steps")?.iter().enumerate() {
-        let f = Fields::read(d, "steps", i, &["id", "title", "instructions", "completion"])?;
+        let f = Fields::read(
+            d,
+            "steps",
+            i,
+            &["id", "title", "instructions", "completion"],
+        )?;
         let id = f.get("id");
         if id.is_none() {
             return Err(invalid(

@@ -1,7 +1,7 @@
 """RFC 8785 canonical JSON and digests (DESIGN §4 "Canonical JSON", issue: foundation).
 
-Every vector in shared/vectors/jcs, every rejection with its JSON path, and a property test
-against the `rfc8785` package.
+Every vector in tests/vectors/jcs (vendored), every rejection with its JSON path, and a property
+test against the `rfc8785` package.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fencepost as fp
-from tests.conftest import shared_dir
+from tests.conftest import JCS_DIR
 
-CASES = shared_dir() / "vectors" / "jcs" / "cases"
+CASES = JCS_DIR / "cases"
 CASE_NAMES = sorted(p.name.removesuffix(".input.json") for p in CASES.glob("*.input.json"))
-INVALID = sorted((shared_dir() / "vectors" / "jcs" / "invalid").glob("*.json"))
+INVALID = sorted((JCS_DIR / "invalid").glob("*.json"))
 
 
 def test_vector_folder_is_complete() -> None:

@@ -1,7 +1,13 @@
-"""The dispatcher's hot path, fencepost vs the pure-Python reference ledger
-(shared/reference/ref_ledger.py) through the same function names (benches/ref_adapter.py), plus
-the raw SQLite commit floor, side by side in one run. Each round times N operations on fresh
-units; ratios are per operation (benches/ratios.py divides by extra_info["ops"])."""
+"""The dispatcher's hot path: fencepost (SQLite and PostgreSQL) beside huey's SQLite queue
+(benches/peer_huey.py) and the raw SQLite commit floor, in one run. Each round times N
+operations on fresh units; ratios are per operation (benches/ratios.py divides by
+extra_info["ops"]).
+
+What is compared with what: reserving an attempt ~ huey's enqueue of a task (one durable
+insert); finishing it ~ a huey consumer taking the next task, running it and storing its result;
+the reserve + finish cycle ~ a task's whole life in huey (enqueue, dequeue, execute). fencepost
+does more per call (events, revisions, the unit projection, the finish compare-and-set).
+"""
 
 from __future__ import annotations
 
@@ -10,81 +16,143 @@ import pathlib
 import sqlite3
 from typing import Any
 
-from benches.conftest import label
+import fencepost as fp
+from benches.conftest import Clock, label
+from benches.peer_huey import open_huey, take_and_run
 
 N = 200
 ROUNDS = 15
+STEPS = [{"id": "s"}]
 _ids = itertools.count()
 
-
-def _fresh(name: str, handle: Any, n: int = N) -> tuple[str, list[str]]:
-    run = f"run-{next(_ids)}"
-    if name.startswith("fencepost"):
-        handle.run(run)  # create the run outside the timed region
-    return run, [f"unit-{i:05d}" for i in range(n)]
+Backend = tuple[str, fp.Ledger, Clock]
 
 
-def bench_reserve(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
-    name, L, h = impl
+def _fresh(ledger: fp.Ledger, n: int = N) -> tuple[str, list[str]]:
+    """A new run (made outside the timing) and n unit ids."""
+    run = ledger.start_run(
+        "bench", scope_key=None, steps=STEPS, run_id=f"run-{next(_ids)}", force=True
+    )
+    return run.run_id, [f"unit-{i:05d}" for i in range(n)]
+
+
+def bench_reserve(benchmark: Any, backend: Backend) -> None:
+    name, ledger, _ = backend
     label(benchmark, "reserve_attempt (new attempt)", name, N)
 
     def go(run: str, units: list[str]) -> None:
         for u in units:
-            L.reserve_attempt(h, run, u, "w1")
+            ledger.reserve_attempt(run, u, step_id="s", holder="w1")
 
-    benchmark.pedantic(go, setup=lambda: (_fresh(name, h), {}), rounds=ROUNDS)
+    benchmark.pedantic(go, setup=lambda: (_fresh(ledger), {}), rounds=ROUNDS)
 
 
-def bench_reclaim(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
-    name, L, h = impl
-    run, units = _fresh(name, h)
+def bench_reclaim(benchmark: Any, backend: Backend) -> None:
+    """fencepost only: huey has no reclaim of a running task in place."""
+    name, ledger, _ = backend
+    run, units = _fresh(ledger)
     for u in units:
-        L.reserve_attempt(h, run, u, "w1")
+        ledger.reserve_attempt(run, u, step_id="s", holder="w1")
     label(benchmark, "reserve_attempt (reclaim in place)", name, N)
 
     def go() -> None:
         for u in units:
-            assert L.reserve_attempt(h, run, u, "w2")[2]
+            assert ledger.reserve_attempt(run, u, step_id="s", holder="w2").kind == "reclaimed"
 
     benchmark.pedantic(go, rounds=ROUNDS)
 
 
-def bench_finish(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
-    name, L, h = impl
+def bench_finish(benchmark: Any, backend: Backend) -> None:
+    name, ledger, _ = backend
     label(benchmark, "finish_attempt (CAS ok)", name, N)
 
-    def setup() -> tuple[tuple[str, list[tuple[str, int, str]]], dict[str, Any]]:
-        run, units = _fresh(name, h)
-        got = [(u, *L.reserve_attempt(h, run, u, "w1")[:2]) for u in units]
-        return (run, got), {}
+    def setup() -> tuple[tuple[str, list[fp.Reservation]], dict[str, Any]]:
+        run, units = _fresh(ledger)
+        return (run, [ledger.reserve_attempt(run, u, step_id="s") for u in units]), {}
 
-    def go(run: str, got: list[tuple[str, int, str]]) -> None:
-        for u, a, d in got:
-            assert L.finish_attempt(h, run, u, a, d, "completed")
+    def go(run: str, got: list[fp.Reservation]) -> None:
+        for r in got:
+            assert ledger.finish_attempt(
+                run, r.unit_id, r.attempt, r.dispatch_id, status="completed"
+            )
 
     benchmark.pedantic(go, setup=setup, rounds=ROUNDS)
 
 
-def bench_reserve_finish_cycle(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
-    name, L, h = impl
+def bench_reserve_finish_cycle(benchmark: Any, backend: Backend) -> None:
+    name, ledger, _ = backend
     label(benchmark, "reserve+finish cycle (2 tx)", name, N)
 
     def go(run: str, units: list[str]) -> None:
         for u in units:
-            a, d, _ = L.reserve_attempt(h, run, u, "w1")
-            L.finish_attempt(h, run, u, a, d, "completed")
+            r = ledger.reserve_attempt(run, u, step_id="s", holder="w1")
+            ledger.finish_attempt(run, u, r.attempt, r.dispatch_id, status="completed")
 
-    benchmark.pedantic(go, setup=lambda: (_fresh(name, h), {}), rounds=ROUNDS)
+    benchmark.pedantic(go, setup=lambda: (_fresh(ledger), {}), rounds=ROUNDS)
 
 
-def bench_batch_reserve(benchmark: Any, impl: tuple[str, Any, Any]) -> None:
-    name, L, h = impl
+def bench_batch_reserve(benchmark: Any, backend: Backend) -> None:
+    """fencepost only: huey enqueues one task per transaction."""
+    name, ledger, _ = backend
     label(benchmark, "reserve_attempts (1000 per tx, per unit)", name, 1000)
 
     def go(run: str, units: list[str]) -> None:
-        assert len(L.reserve_attempts_batch(h, run, units, "w1")) == 1000
+        got = ledger.reserve_attempts(run, [{"unit_id": u, "step_id": "s"} for u in units])
+        assert len(got) == 1000
 
-    benchmark.pedantic(go, setup=lambda: (_fresh(name, h, 1000), {}), rounds=ROUNDS)
+    benchmark.pedantic(go, setup=lambda: (_fresh(ledger, 1000), {}), rounds=ROUNDS)
+
+
+def bench_huey_enqueue(benchmark: Any, tmp_path: pathlib.Path) -> None:
+    huey, work = open_huey(str(tmp_path / "huey.db"))
+    label(benchmark, "reserve_attempt (new attempt)", "huey enqueue", N)
+
+    rounds = itertools.count(1)
+
+    def go() -> None:
+        next(rounds)
+        for i in range(N):
+            work(i)
+
+    benchmark.pedantic(go, rounds=ROUNDS)
+    assert huey.pending_count() == N * (next(rounds) - 1)
+
+
+def bench_huey_take_and_run(benchmark: Any, tmp_path: pathlib.Path) -> None:
+    huey, work = open_huey(str(tmp_path / "huey.db"))
+    label(benchmark, "finish_attempt (CAS ok)", "huey dequeue+execute", N)
+
+    def setup() -> tuple[tuple[()], dict[str, Any]]:
+        for i in range(N):
+            work(i)
+        return (), {}
+
+    rounds = itertools.count(1)
+
+    def go() -> None:
+        next(rounds)
+        for _ in range(N):
+            take_and_run(huey)
+
+    benchmark.pedantic(go, setup=setup, rounds=ROUNDS)
+    assert huey.pending_count() == 0
+    assert huey.result_count() == N * (next(rounds) - 1)
+
+
+def bench_huey_cycle(benchmark: Any, tmp_path: pathlib.Path) -> None:
+    huey, work = open_huey(str(tmp_path / "huey.db"))
+    label(benchmark, "reserve+finish cycle (2 tx)", "huey enqueue+dequeue+execute", N)
+
+    rounds = itertools.count(1)
+
+    def go() -> None:
+        next(rounds)
+        for i in range(N):
+            work(i)
+            take_and_run(huey)
+
+    benchmark.pedantic(go, rounds=ROUNDS)
+    assert huey.result_count() == N * (next(rounds) - 1)
 
 
 def bench_commit_floor(benchmark: Any, tmp_path: pathlib.Path) -> None:

@@ -1,5 +1,5 @@
 """Canonical JSON digest: fencepost vs rfc8785 (the RFC 8785 baseline) vs orjson sort_keys
-(faster, not RFC 8785), side by side in one run. Documents come from shared/reference/bench.py.
+(faster, not RFC 8785), side by side in one run. Documents come from benches/documents.py.
 
     bash scripts/bench            # runs these and prints the ratio table
 """

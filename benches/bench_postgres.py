@@ -3,8 +3,8 @@ the same server in the same run: fencepost's reserve + finish per unit vs pgqueu
 dequeue + complete per job, one at a time and in batches, at both durabilities
 (fencepost ``normal`` = ``synchronous_commit=off``, pgqueuer given the same session setting;
 ``full`` = ``on`` for both). Then claim cost and claim throughput with 1, 2, 4 and 8 processes.
-The reference-adapter suites (bench_attempts.py, bench_claims.py) run on PostgreSQL too, as
-impl ``fencepost-postgres``. Every schema is fresh and dropped afterwards."""
+The hot-path and controller suites (bench_attempts.py, bench_claims.py) run on PostgreSQL too,
+as impl ``fencepost-postgres``. Every schema is fresh and dropped afterwards."""
 
 from __future__ import annotations
 

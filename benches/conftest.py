@@ -2,51 +2,50 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED = pathlib.Path(os.environ.get("FENCEPOST_SHARED", REPO.parent / "shared"))
-REFERENCE = SHARED / "reference"
-if not (REFERENCE / "bench.py").is_file():
-    raise RuntimeError(f"shared/reference not found at {REFERENCE}; set FENCEPOST_SHARED")
-sys.path.insert(0, str(REFERENCE))
-
-from bench import nested_doc  # noqa: E402 - needs the path above
+import fencepost as fp
+from benches.documents import definition
 
 
 @pytest.fixture(scope="session", params=[2048, 100 * 1024], ids=["2KB", "100KB"])
 def document(request: pytest.FixtureRequest) -> Any:
-    """The reference benchmark's workflow-definition-like documents (seed 7, as bench.py)."""
-    return nested_doc(request.param, 7)
+    """A workflow-definition-like document of ~2 KB or ~100 KB (benches/documents.py)."""
+    return definition(request.param, 7)
 
 
-@pytest.fixture(params=["fencepost", "reference", "fencepost-postgres"])
-def impl(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[tuple[str, Any, Any]]:
-    """(name, module, handle): fencepost through benches/ref_adapter.py on a fresh SQLite file
-    or a fresh PostgreSQL schema, or the reference ledger on its own file; all expose
-    shared/reference/ref_ledger.py's names, so the same loops time all three."""
-    import ref_ledger
+class Clock:
+    """The ledger's injected clock: the system's, or a time a bench sets (lease expiry)."""
+
+    def __init__(self) -> None:
+        self.now_ms: int | None = None
+
+    def __call__(self) -> int:
+        import time
+
+        return time.time_ns() // 1_000_000 if self.now_ms is None else self.now_ms
+
+
+@pytest.fixture(params=["fencepost", "fencepost-postgres"])
+def backend(
+    request: pytest.FixtureRequest, tmp_path: pathlib.Path
+) -> Iterator[tuple[str, fp.Ledger, Clock]]:
+    """(impl name, ledger, its clock): fencepost on a fresh SQLite file or a fresh PostgreSQL
+    schema (plaintext, like the PostgreSQL peer), each timed by the same loops."""
     from tests.conftest import pg_schema
 
-    from benches import ref_adapter
-
-    name = request.param
-    module: Any = ref_ledger if name == "reference" else ref_adapter
+    clock = Clock()
+    name = str(request.param)
     if name == "fencepost-postgres":
-        with pg_schema() as url:
-            handle = module.connect(plaintext(url))
-            yield name, module, handle
-            module.close(handle)
+        with pg_schema() as url, fp.Ledger.open(plaintext(url), clock=clock) as ledger:
+            yield name, ledger, clock
         return
-    handle = module.connect(str(tmp_path / f"{name}.db"))
-    yield name, module, handle
-    module.close(handle)
+    with fp.Ledger.open(str(tmp_path / "bench.db"), clock=clock) as ledger:
+        yield name, ledger, clock
 
 
 def plaintext(url: str) -> str:

@@ -26,13 +26,13 @@ _Lease = tuple[str, int, str | None, str | None, int | None, int | None]
 class Ledger:
     def __new__(
         cls,
-        path: str | None,
+        path: object,
         durability: str,
         busy_timeout_ms: int,
         clock: Callable[[], int] | None,
         create: bool = True,
-        url: str | None = None,
-        schema: str | None = None,
+        url: object = None,
+        schema: object = None,
     ) -> Ledger: ...
     def target(self) -> str: ...
     def close(self) -> None: ...

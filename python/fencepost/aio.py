@@ -75,6 +75,14 @@ def _in_thread(
     return call
 
 
+async def _wait_out(fut: asyncio.Future[Any]) -> None:
+    """Wait until ``fut`` is done, through any further cancellation of the caller: the work in
+    its thread ends on its own, and what it did must be known."""
+    while not fut.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([fut])
+
+
 async def _undo_on_cancel(work: Callable[[], R], undo: Callable[[R], None]) -> R:
     """Run ``work`` in a thread. If the caller is cancelled meanwhile, wait for ``work`` to end
     and run ``undo`` on what it returned (in a thread too) before re-raising the cancellation:
@@ -83,15 +91,10 @@ async def _undo_on_cancel(work: Callable[[], R], undo: Callable[[R], None]) -> R
     try:
         return await asyncio.shield(inner)
     except asyncio.CancelledError:
-        while not inner.done():
-            # Cancelled again while waiting: keep waiting, the work ends on its own.
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait([inner])
+        await _wait_out(inner)
         if not inner.cancelled() and inner.exception() is None:
             done = asyncio.ensure_future(asyncio.to_thread(undo, inner.result()))
-            while not done.done():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait([done])
+            await _wait_out(done)
             if not done.cancelled():
                 # A lease that lapsed or was taken over meanwhile needs no release.
                 with contextlib.suppress(LedgerError):

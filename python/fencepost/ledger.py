@@ -109,20 +109,6 @@ def _refs(value: str | Iterable[str] | None, argument: str) -> list[str] | None:
         ) from None
 
 
-def _check_text(value: str, argument: str) -> None:
-    """What the core cannot be handed: a lone surrogate (not UTF-8) or a NUL."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidArgument(
-            f"{argument} contains a lone surrogate (U+D800..U+DFFF), which is not valid "
-            "Unicode text",
-            argument=argument,
-        ) from None
-    if "\x00" in value:
-        raise InvalidArgument(f"{argument} contains a NUL character", argument=argument)
-
-
 def redact_target(target: str) -> str:
     """``target`` fit to show: a PostgreSQL URL's password (in the user part or a
     ``password=`` query parameter) becomes ``***``; paths are returned as they are."""
@@ -151,7 +137,6 @@ def _parse_target(target: object) -> tuple[str | None, str | None]:
             f"'postgresql://user@host/db'), not {target!r}",
             argument="target",
         )
-    _check_text(target, "target")
     if target.startswith("sqlite:///"):
         target = target[len("sqlite:///") :]
         if not target:
@@ -209,8 +194,6 @@ class Ledger:
             raise InvalidArgument(
                 f"schema must be a str or None, not {schema!r}", argument="schema"
             )
-        if schema is not None:
-            _check_text(schema, "schema")
         if durability not in ("normal", "full"):
             raise InvalidArgument(
                 f"durability must be 'normal' or 'full', not {durability!r}",

@@ -535,14 +535,19 @@ impl PyLedger {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        path: Option<&str>,
+        path: &Bound<'_, PyAny>,
         durability: &str,
         busy_timeout_ms: u64,
         clock: Option<Py<PyAny>>,
         create: bool,
-        url: Option<&str>,
-        schema: Option<&str>,
+        url: Option<&Bound<'_, PyAny>>,
+        schema: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        // A path or URL is free text (no NUL, no lone surrogate), named as the facade's `target`.
+        let path = opt_prose(path, "target")?;
+        let url = url.map(|u| opt_prose(u, "target")).transpose()?.flatten();
+        let schema = schema.map(|s| opt_prose(s, "schema")).transpose()?.flatten();
+        let (path, url, schema) = (path.as_deref(), url.as_deref(), schema.as_deref());
         let opts = OpenOptions {
             durability: if durability == "full" {
                 Durability::Full

@@ -18,7 +18,7 @@ from typing import Any
 
 import fencepost as fp
 from benches.conftest import Clock, label
-from benches.peer_huey import open_huey, take_and_run
+from benches.peer_huey import enqueue, open_huey, take_and_run
 
 N = 200
 ROUNDS = 15
@@ -111,8 +111,7 @@ def bench_huey_enqueue(benchmark: Any, tmp_path: pathlib.Path) -> None:
 
     def go() -> None:
         next(rounds)
-        for i in range(N):
-            work(i)
+        enqueue(work, N)
 
     benchmark.pedantic(go, rounds=ROUNDS)
     assert huey.pending_count() == N * (next(rounds) - 1)
@@ -122,19 +121,14 @@ def bench_huey_take_and_run(benchmark: Any, tmp_path: pathlib.Path) -> None:
     huey, work = open_huey(str(tmp_path / "huey.db"))
     label(benchmark, "finish_attempt (CAS ok)", "huey dequeue+execute", N)
 
-    def setup() -> tuple[tuple[()], dict[str, Any]]:
-        for i in range(N):
-            work(i)
-        return (), {}
-
     rounds = itertools.count(1)
 
-    def go() -> None:
+    def go(_queued: None) -> None:
         next(rounds)
         for _ in range(N):
             take_and_run(huey)
 
-    benchmark.pedantic(go, setup=setup, rounds=ROUNDS)
+    benchmark.pedantic(go, setup=lambda: ((enqueue(work, N),), {}), rounds=ROUNDS)
     assert huey.pending_count() == 0
     assert huey.result_count() == N * (next(rounds) - 1)
 

@@ -17,7 +17,7 @@ from typing import Any
 import fencepost as fp
 from benches.conftest import Clock, label
 from benches.documents import definition
-from benches.peer_huey import open_huey
+from benches.peer_huey import enqueue, open_huey
 
 N = 200
 ROUNDS = 15
@@ -103,16 +103,11 @@ def bench_huey_dequeue(benchmark: Any, tmp_path: pathlib.Path) -> None:
     huey, work = open_huey(str(tmp_path / "huey.db"))
     label(benchmark, "claim (free lease, new generation)", "huey dequeue", N)
 
-    def setup() -> tuple[tuple[()], dict[str, Any]]:
-        for i in range(N):
-            work(i)
-        return (), {}
-
-    def go() -> None:
+    def go(_queued: None) -> None:
         for _ in range(N):
             assert huey.dequeue() is not None
 
-    benchmark.pedantic(go, setup=setup, rounds=ROUNDS)
+    benchmark.pedantic(go, setup=lambda: ((enqueue(work, N),), {}), rounds=ROUNDS)
 
 
 def bench_heartbeat(benchmark: Any, backend: Backend) -> None:
@@ -260,8 +255,7 @@ def bench_contention_huey(benchmark: Any, tmp_path: pathlib.Path) -> None:
     db = str(tmp_path / "huey.db")
     _, work = open_huey(db)
     tasks = 20_000
-    for i in range(tasks):
-        work(i)
+    enqueue(work, tasks)
     taken: list[str] = []
 
     def go() -> None:

@@ -36,6 +36,12 @@ def open_huey(path: str) -> tuple[Huey, Any]:
     return huey, work
 
 
+def enqueue(work: Any, n: int) -> None:
+    """What a producer does: put ``n`` tasks on the queue, one transaction each."""
+    for i in range(n):
+        work(i)
+
+
 def take_and_run(huey: Huey) -> None:
     """What a huey consumer does per task: take the next one, run it, store its result."""
     task = huey.dequeue()

@@ -546,7 +546,10 @@ impl PyLedger {
         // A path or URL is free text (no NUL, no lone surrogate), named as the facade's `target`.
         let path = opt_prose(path, "target")?;
         let url = url.map(|u| opt_prose(u, "target")).transpose()?.flatten();
-        let schema = schema.map(|s| opt_prose(s, "schema")).transpose()?.flatten();
+        let schema = schema
+            .map(|s| opt_prose(s, "schema"))
+            .transpose()?
+            .flatten();
         let (path, url, schema) = (path.as_deref(), url.as_deref(), schema.as_deref());
         let opts = OpenOptions {
             durability: if durability == "full" {

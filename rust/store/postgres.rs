@@ -326,6 +326,31 @@ fn placeholders(text: &str) -> String {
     out
 }
 
+/// Drop `schema` of the database at `url` with everything in it (the tests' fresh schemas).
+#[cfg(test)]
+pub(crate) fn drop_schema(url: &str, schema: &str) -> Result<()> {
+    let target = Target::parse(url, Some(schema))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| LedgerError::Store {
+            operation: "dropping a test schema".into(),
+            message: e.to_string(),
+        })?;
+    let (client, task) = target.connect(&runtime)?;
+    let text = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", target.schema);
+    let out = runtime.block_on(client.batch_execute(&text)).map_err(|e| {
+        ledger_error(
+            "dropping a test schema",
+            &target.label,
+            &classify(&target, &e),
+        )
+    });
+    drop(client);
+    let _ = runtime.block_on(task);
+    out
+}
+
 /// One PostgreSQL connection with its settings checked and its statements cached.
 ///
 /// The driver is `tokio-postgres` on a private single-thread runtime, driven synchronously

@@ -16,7 +16,7 @@ use crate::ids::{check_name, new_dispatch_id};
 use crate::leases::{self, Fence};
 use crate::model::{Accounting, Attempt, Reservation, Unit};
 use crate::runs::run_state;
-use crate::store::{sql, Backend, Store, Tx};
+use crate::store::{sql, BatchStatements, Store, Tx};
 
 /// One unit to reserve.
 #[derive(Debug, Clone, Default)]
@@ -132,8 +132,11 @@ pub fn reserve_attempts(
         }
         // One unit keeps the one-by-one statements: measured, the set-based statement's generic
         // plan for a single JSON row cost more than the two round trips it saves.
-        if tx.backend() == Backend::Postgres && units.len() > 1 && distinct(units) {
-            return reserve_set(tx, run_id, units, &dispatch_ids, &actor, now_ms);
+        if let Some(batch) = tx
+            .batch_statements()
+            .filter(|_| units.len() > 1 && distinct(units))
+        {
+            return reserve_set(tx, batch, run_id, units, &dispatch_ids, &actor, now_ms);
         }
         units
             .iter()
@@ -165,6 +168,7 @@ fn opt_str(v: Option<&String>) -> Value {
 /// same order as [`reserve_one`] per unit; the run's row lock (held) keeps the read valid.
 fn reserve_set(
     tx: &dyn Tx,
+    batch: &BatchStatements,
     run_id: &str,
     units: &[UnitSpec],
     dispatch_ids: &[String],
@@ -173,7 +177,7 @@ fn reserve_set(
 ) -> Result<Vec<Reservation>> {
     let ids = events::json_array(&units.iter().map(|u| u.unit_id.clone()).collect::<Vec<_>>());
     let mut latest: std::collections::HashMap<String, Latest> = std::collections::HashMap::new();
-    for (unit_id, l) in tx.rows(&sql::LATEST_ATTEMPTS_SQL, params![run_id, ids], |r| {
+    for (unit_id, l) in tx.rows(&batch.latest_attempts, params![run_id, ids], |r| {
         Ok((
             r.get::<String>(0)?,
             (
@@ -228,7 +232,7 @@ fn reserve_set(
         let n = rows.len();
         let json = into_text(to_vec(&Value::Array(rows)));
         let inserted = tx.exec(
-            &sql::RESERVE_ATTEMPTS_SET_SQL,
+            &batch.reserve_attempts,
             params![
                 run_id,
                 json,
@@ -239,7 +243,7 @@ fn reserve_set(
             ],
         )?;
         if inserted != n {
-            return Err(LedgerError::Store {
+            return Err(LedgerError::StoreError {
                 operation: "reserving attempts".into(),
                 message: format!(
                     "wrote {inserted} of {n} attempts of run {run_id:?}; nothing kept"
@@ -402,8 +406,8 @@ pub fn finish_attempts(
         f.check()?;
     }
     store.write("finishing attempts", |tx| {
-        if tx.backend() == Backend::Postgres && finishes.len() > 1 {
-            return finish_set(tx, finishes, fence, now_ms);
+        if let Some(batch) = tx.batch_statements().filter(|_| finishes.len() > 1) {
+            return finish_set(tx, batch, finishes, fence, now_ms);
         }
         let mut checked: Option<(&str, Actor<'_>)> = None;
         let mut out = Vec::with_capacity(finishes.len());
@@ -435,6 +439,7 @@ type Key = (String, String, i64, String);
 /// finishes in a batch wins and the second gets `false`, as one by one.
 fn finish_set(
     tx: &dyn Tx,
+    batch: &BatchStatements,
     finishes: &[FinishSpec],
     fence: Option<&Fence>,
     now_ms: i64,
@@ -470,7 +475,7 @@ fn finish_set(
     );
     let mut running: std::collections::HashMap<Key, (Option<String>, String)> = tx
         .rows(
-            &sql::RUNNING_ATTEMPTS_SQL,
+            &batch.running_attempts,
             params![into_text(to_vec(&keys))],
             |r| {
                 Ok((
@@ -515,7 +520,7 @@ fn finish_set(
         let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
         let json = into_text(to_vec(&Value::Array(rows)));
         let written = tx.row(
-            &sql::FINISH_ATTEMPTS_SET_SQL,
+            &batch.finish_attempts,
             params![
                 json,
                 now_ms,
@@ -526,7 +531,7 @@ fn finish_set(
             |r| Ok((r.get::<i64>(0)?, r.get::<i64>(1)?, r.get::<i64>(2)?)),
         )?;
         if written != Some((n, n, n)) {
-            return Err(LedgerError::Store {
+            return Err(LedgerError::StoreError {
                 operation: "finishing attempts".into(),
                 message: format!(
                     "a batch of {n} finishes wrote {written:?} (attempts, units, events); \
@@ -597,7 +602,7 @@ fn finish_one(tx: &dyn Tx, f: &FinishSpec, actor: &Actor<'_>, now_ms: i64) -> Re
     if projected != 1 {
         // Unreachable while reservations keep the projection in step; refuse rather than
         // commit an attempt whose unit disagrees (the transaction rolls back).
-        return Err(LedgerError::Store {
+        return Err(LedgerError::StoreError {
             operation: "finishing an attempt".into(),
             message: format!(
                 "unit {:?} of run {:?} does not show attempt {} as running; run `fencepost doctor`",

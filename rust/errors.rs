@@ -1,10 +1,12 @@
 //! The core error enum: one variant per Python exception in `fencepost.errors`, with the same
-//! structured fields (STYLE §4). The Python binding turns each variant into that exception by
-//! calling its class with keyword fields, so the user-facing message text lives in Python; the
-//! `Display` strings here serve Rust callers and tests.
+//! name and the same structured fields, so an error reads the same from Rust and from Python.
+//! The Python binding turns each variant into that exception by calling its class with keyword
+//! fields, so the user-facing message text lives in Python; the `Display` strings here serve
+//! Rust callers and tests.
 //!
-//! A raw `rusqlite`/`postgres` error never escapes the store: it becomes [`LedgerError::Store`]
-//! with the operation that failed, or [`LedgerError::StoreBusy`] for lock waits.
+//! A raw `rusqlite`/`postgres` error never escapes the store: it becomes
+//! [`LedgerError::StoreError`] with the operation that failed, or [`LedgerError::StoreBusy`]
+//! for lock waits.
 
 use crate::canonical::CanonicalError;
 
@@ -46,7 +48,7 @@ pub enum LedgerError {
     },
     /// A JSON argument cannot be canonicalized (RFC 8785 / I-JSON limits).
     #[error("{argument}: {source}")]
-    CanonicalJson {
+    CanonicalJsonError {
         /// The keyword or parameter that carried the value.
         argument: String,
         /// Where in the value, and why.
@@ -104,7 +106,7 @@ pub enum LedgerError {
     },
     /// The database schema is newer than this library.
     #[error("database schema {database_version} is newer than library schema {library_version}")]
-    Schema {
+    SchemaError {
         /// The version recorded in the database.
         database_version: i64,
         /// The newest version this library knows.
@@ -112,7 +114,7 @@ pub enum LedgerError {
     },
     /// Any other database failure, with what fencepost was doing at the time.
     #[error("{message}")]
-    Store {
+    StoreError {
         /// The operation, e.g. "reserving attempt 3 of run X".
         operation: String,
         /// A complete, user-facing sentence.
@@ -129,9 +131,9 @@ impl LedgerError {
         }
     }
 
-    /// Shorthand for [`LedgerError::CanonicalJson`].
+    /// Shorthand for [`LedgerError::CanonicalJsonError`].
     pub fn canonical(argument: impl Into<String>, source: CanonicalError) -> Self {
-        Self::CanonicalJson {
+        Self::CanonicalJsonError {
             argument: argument.into(),
             source,
         }

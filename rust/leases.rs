@@ -80,7 +80,7 @@ impl Fence {
 /// a `fpt_` prefix (recognisable in a log, so it can be scrubbed).
 pub fn new_token() -> Result<String> {
     let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| LedgerError::Store {
+    getrandom::fill(&mut bytes).map_err(|e| LedgerError::StoreError {
         operation: "minting a claim token".into(),
         message: format!("the operating system's random generator failed: {e}"),
     })?;

@@ -293,7 +293,7 @@ pub fn prepare_or_adopt(
         }
         reserve_in(tx, req, now_ms)?;
         let claim = leases::claim(tx, &req.run_id, "queued", spec, now_ms)?.ok_or_else(|| {
-            LedgerError::Store {
+            LedgerError::StoreError {
                 operation: "preparing a run".into(),
                 message: format!("run {:?} was reserved but could not be claimed", req.run_id),
             }

@@ -66,7 +66,7 @@ fn build(py: Python<'_>, err: LedgerError) -> PyResult<PyErr> {
             kw.set_item("message", format!("{argument}: {message}"))?;
             py.get_type::<InvalidArgument>()
         }
-        LedgerError::CanonicalJson { argument, source } => {
+        LedgerError::CanonicalJsonError { argument, source } => {
             kw.set_item("argument", argument)?;
             kw.set_item("path", source.path())?;
             kw.set_item("reason", source.reason)?;
@@ -113,7 +113,7 @@ fn build(py: Python<'_>, err: LedgerError) -> PyResult<PyErr> {
             kw.set_item("retries", retries)?;
             py.get_type::<StoreBusy>()
         }
-        LedgerError::Schema {
+        LedgerError::SchemaError {
             database_version,
             library_version,
         } => {
@@ -121,7 +121,7 @@ fn build(py: Python<'_>, err: LedgerError) -> PyResult<PyErr> {
             kw.set_item("library_version", library_version)?;
             py.get_type::<SchemaError>()
         }
-        LedgerError::Store { operation, message } => {
+        LedgerError::StoreError { operation, message } => {
             kw.set_item("operation", operation)?;
             kw.set_item("message", message)?;
             py.get_type::<StoreError>()

@@ -517,7 +517,7 @@ impl PyLedger {
             let mut guard = self.store.lock().unwrap_or_else(PoisonError::into_inner);
             match guard.as_mut() {
                 Some(store) => op(store.as_mut(), now),
-                None => Err(LedgerError::Store {
+                None => Err(LedgerError::StoreError {
                     operation: "using the ledger".into(),
                     message: "the ledger is closed; open it again with fencepost.Ledger.open()"
                         .into(),

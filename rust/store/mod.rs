@@ -4,8 +4,10 @@
 //! [`Store`] and [`Tx`] are the only seam between the operations and SQL (River's driver
 //! idea, kept internal): the operations in `runs`, `attempts`, `queue`, `leases`, `events` and
 //! `blobs` are written once against `&dyn Tx`; `sqlite` (rusqlite, `bundled`) and `postgres`
-//! (`tokio-postgres` driven synchronously, behind the `postgres` feature) implement it. Statements live in
-//! [`sql`], one text per dialect where the dialects differ.
+//! (`tokio-postgres` driven synchronously, behind the `postgres` feature) implement it. The
+//! statements both dialects run live in [`sql`], one text per dialect where they differ; a
+//! statement only one backend runs lives in that backend. [`migrate`] is the one migration
+//! runner, over the same seam.
 
 use crate::errors::{LedgerError, Result};
 
@@ -69,14 +71,16 @@ impl Durability {
     }
 }
 
-/// Options for [`sqlite::SqliteStore::open`].
+/// Options for [`open`], the same for both backends.
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
     /// Commit durability.
     pub durability: Durability,
-    /// How long a write waits for the database lock, in total, before `StoreBusy`.
+    /// How long a write waits for a lock (SQLite's database lock, a PostgreSQL row lock), in
+    /// total, before `StoreBusy`.
     pub busy_timeout_ms: u64,
-    /// Create the file if it does not exist (read-only tools pass `false`).
+    /// Make the ledger if there is none: the file on SQLite, the schema and its tables on
+    /// PostgreSQL. Read-only tools pass `false`, so looking never creates anything.
     pub create: bool,
 }
 
@@ -92,24 +96,15 @@ impl Default for OpenOptions {
 
 // ------------------------------------------------------------------ the seam
 
-/// Which database a store talks to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// An embedded SQLite file (or memory).
-    Sqlite,
-    /// A PostgreSQL server.
-    Postgres,
-}
-
 /// One statement in each backend's dialect. Most statements are written once and shared
 /// (`?N` placeholders; the PostgreSQL store rewrites them to `$N` when it prepares them); the
-/// few that need a dialect's own feature (JSON lists, row locks, aggregates over booleans)
+/// few that need a dialect's own feature (JSON lists, type casts, aggregates over booleans)
 /// carry two texts.
 #[derive(Debug, Clone, Copy)]
 pub struct Sql {
     /// The SQLite text.
     pub sqlite: &'static str,
-    /// The PostgreSQL text (`?N` placeholders too). Empty = nothing to run on PostgreSQL.
+    /// The PostgreSQL text (`?N` placeholders too).
     pub postgres: &'static str,
 }
 
@@ -122,18 +117,41 @@ impl Sql {
         }
     }
 
-    /// A text per backend; an empty text means the statement is not needed there.
+    /// A text per backend. Both must be statements: a backend that has nothing to run keeps
+    /// the statement to itself instead of running an empty one.
+    ///
+    /// # Panics
+    ///
+    /// When either text is empty; every `Sql` is a constant, so that fails the build.
     pub const fn split(sqlite: &'static str, postgres: &'static str) -> Self {
+        assert!(
+            !sqlite.is_empty() && !postgres.is_empty(),
+            "a shared statement has a text for each backend"
+        );
         Self { sqlite, postgres }
     }
 
-    /// The text for `backend`.
-    pub fn text(&self, backend: Backend) -> &'static str {
-        match backend {
-            Backend::Sqlite => self.sqlite,
-            Backend::Postgres => self.postgres,
-        }
+    /// A statement in the dialect of the one backend that hands it out (see
+    /// [`Tx::batch_statements`]); only that backend's transactions ever run it.
+    pub const fn native(text: &'static str) -> Self {
+        Self::same(text)
     }
+}
+
+/// The set-based statements of the attempts' batch path: each writes or reads a whole batch,
+/// passed as one JSON array, in one statement. A backend where every statement is a network
+/// round trip offers them ([`Tx::batch_statements`]); the parameters and result columns of
+/// each are documented with its text in that backend.
+#[derive(Debug)]
+pub struct BatchStatements {
+    /// The latest attempt of each of a run's units.
+    pub latest_attempts: Sql,
+    /// Every new attempt of a batch: unit projections, attempt rows and `unit.started` events.
+    pub reserve_attempts: Sql,
+    /// Which of a batch's finishes name a still-running attempt.
+    pub running_attempts: Sql,
+    /// Every winning finish of a batch: attempts, unit projections and `unit.finished` events.
+    pub finish_attempts: Sql,
 }
 
 /// A bound parameter or a read column, in the four shapes the ledger stores: every integer is
@@ -320,8 +338,6 @@ impl dyn Row + '_ {
 /// An open transaction: the only way operations reach SQL. Object-safe, so operation code
 /// is written once against `&dyn Tx` for every backend.
 pub trait Tx {
-    /// The dialect of this transaction's database.
-    fn backend(&self) -> Backend;
     /// Execute a statement; the number of rows changed. Errors are returned classified, so
     /// the caller can interpret a constraint (PostgreSQL keeps the transaction usable: the
     /// statement runs under a savepoint when `interpret` is set).
@@ -338,12 +354,20 @@ pub trait Tx {
     /// statement the operation waits for, or with the `COMMIT`, in the same round trip
     /// (pipelining): the error, if any, surfaces there.
     fn defer(&self, sql: &Sql, params: &[&dyn ToSql]) -> DbResult<()>;
+    /// Run a script of statements without parameters, as written and in order (a migration
+    /// file). It runs now: a script changes what the statements after it may refer to.
+    fn execute_script(&self, text: &str) -> DbResult<()>;
     /// The ledger error for a failed statement of this transaction's operation.
     fn fail(&self, err: &DbError) -> LedgerError;
     /// Take the run's row lock for the rest of the transaction: every write on a run begins
     /// here, so writes on one run are serialized and writes on different runs never wait for
     /// each other. SQLite's IMMEDIATE transaction already holds the one write lock: a no-op.
     fn lock_run(&self, run_id: &str) -> Result<()>;
+    /// The set-based batch statements, if this transaction pays a round trip per statement
+    /// (PostgreSQL): an operation on many rows then writes them with one statement instead of
+    /// one per row. `None` where a statement is an in-process call (SQLite): there the
+    /// one-by-one statements are as fast, and they are the only path.
+    fn batch_statements(&self) -> Option<&'static BatchStatements>;
 }
 
 impl dyn Tx + '_ {
@@ -418,8 +442,6 @@ pub struct Pragmas {
 
 /// A ledger database: transactions, settings, checks. Operations take `&mut dyn Store`.
 pub trait Store: Send {
-    /// The dialect.
-    fn backend(&self) -> Backend;
     /// The database's name in messages (a path, or a PostgreSQL URL without its password).
     fn label(&self) -> &str;
     /// Run `body` in one write transaction, committed if it returns `Ok` and rolled back (nothing
@@ -476,14 +498,14 @@ pub fn ledger_error(op: &str, label: &str, err: &DbError) -> LedgerError {
             err.message
         ),
     };
-    LedgerError::Store {
+    LedgerError::StoreError {
         operation: op.to_owned(),
         message,
     }
 }
 
 fn unreachable_store(op: &str) -> LedgerError {
-    LedgerError::Store {
+    LedgerError::StoreError {
         operation: op.to_owned(),
         message: "the store ended a transaction without running it".into(),
     }

@@ -9,6 +9,10 @@
 use crate::store::{open, OpenOptions, Store};
 
 /// A migrated ledger in a private in-memory SQLite database.
+///
+/// # Panics
+///
+/// If the ledger cannot be opened.
 pub fn sqlite_memory() -> Box<dyn Store> {
     open(None, None, None, &OpenOptions::default(), 0)
         .unwrap_or_else(|e| panic!("opening an in-memory SQLite ledger: {e}"))
@@ -24,6 +28,10 @@ pub fn postgres_url() -> String {
 /// A migrated ledger in a new PostgreSQL schema of its own (a random name), so tests running at
 /// the same time never see each other's rows. Keep the [`Dropper`] alive as long as the store:
 /// dropping it drops the schema.
+///
+/// # Panics
+///
+/// If the server cannot be reached or the ledger cannot be made there.
 #[cfg(feature = "postgres")]
 pub fn postgres_fresh() -> (Box<dyn Store>, Dropper) {
     let url = postgres_url();

@@ -1,0 +1,450 @@
+//! The PostgreSQL backend: the same operations over one connection to a server.
+//!
+//! Every operation is one transaction at READ COMMITTED. Writes on a run serialize on that run's
+//! row lock (`SELECT ... FOR UPDATE`, [`Tx::lock_run`](crate::store::Tx::lock_run)), taken before
+//! anything of the run is read, so the statements after it see the previous writer's commit;
+//! writes on different runs never wait for each other. There is no table lock and no global
+//! advisory lock on the operation path; migrations at open take one advisory lock so several
+//! processes can open a fresh database at once.
+//!
+//! Contention is retried as a whole transaction, with jitter, inside the busy budget: a
+//! deadlock or serialization failure, a `lock_timeout`, and a UNIQUE violation that a racing
+//! insert caused (two processes reserving the same new run: the loser re-runs and finds the
+//! winner's row). What is left surfaces as `StoreBusy`. A lost connection is reported naming the
+//! host, and the next operation reconnects.
+//!
+//! Time: expiry is judged by the ledger's clock (the client's, injectable), exactly as on
+//! SQLite. Hosts sharing a database must keep their clocks in sync (NTP); a lease should be far
+//! longer than the skew between them.
+
+mod errors;
+mod pipeline;
+mod sql;
+mod target;
+mod tls;
+mod tx;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
+use tokio_postgres::{Client, Error as PgError, Statement};
+
+use crate::errors::{LedgerError, Result};
+use crate::store::migrate::{self, Dialect};
+use crate::store::{ledger_error, Backoff, Durability, OpenOptions, Pragmas, Store};
+use errors::{classify, error_text, scrub};
+use target::Target;
+use tx::{RetryKind, Tx};
+
+/// Whole-transaction retries of contention while time remains in the busy budget.
+const MAX_BUSY_RETRIES: u32 = 12;
+/// Re-runs after a UNIQUE race; a violation that survives them is not a race.
+const MAX_UNIQUE_RETRIES: u32 = 3;
+
+/// One PostgreSQL connection with its settings checked and its statements cached.
+///
+/// The driver is `tokio-postgres` on a private single-thread runtime, driven synchronously
+/// (`block_on`, with the GIL released by the caller), because only the asynchronous client
+/// pipelines: a transaction sends the statements whose results it does not read together with
+/// the next one it does read, or with the `COMMIT` (see [`Tx`]). On this loopback a round trip
+/// costs more than executing any ledger statement, so round trips are the unit of cost here.
+pub struct PgStore {
+    /// Runs the connection task and every request of this ledger, one at a time.
+    runtime: Runtime,
+    /// `None` only while being dropped.
+    client: Option<Client>,
+    /// The connection task: it ends when the client is dropped or the server goes away.
+    task: Option<JoinHandle<()>>,
+    target: Target,
+    opts: OpenOptions,
+    /// Prepared statements by their SQL text (each `Sql` is a `'static` constant).
+    statements: HashMap<&'static str, Statement>,
+    /// A call met a dead session: reconnect before the next one, even if the driver has not
+    /// noticed the socket closing yet.
+    broken: bool,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("label", &self.target.label)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for PgStore {
+    /// Close politely: dropping the client makes the connection task send Terminate and end;
+    /// wait (briefly) for it so the server does not log an abandoned session.
+    fn drop(&mut self) {
+        drop(self.client.take());
+        if let Some(task) = self.task.take() {
+            let _ = self
+                .runtime
+                .block_on(async { tokio::time::timeout(Duration::from_secs(1), task).await });
+        }
+    }
+}
+
+impl PgStore {
+    /// Connect to `url`, choose the schema (`?schema=` or `schema`), apply the session settings
+    /// and migrate.
+    pub fn open(url: &str, schema: Option<&str>, opts: &OpenOptions, now_ms: i64) -> Result<Self> {
+        let target = Target::parse(url, schema)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| LedgerError::StoreError {
+                operation: "connecting to PostgreSQL".into(),
+                message: format!("cannot start the connection's I/O driver ({e})"),
+            })?;
+        let (client, task) = connect(&target, &runtime)?;
+        let mut store = Self {
+            runtime,
+            client: Some(client),
+            task: Some(task),
+            target,
+            opts: opts.clone(),
+            statements: HashMap::new(),
+            broken: false,
+        };
+        store.configure()?;
+        let dialect = store.dialect();
+        migrate::migrate(&mut store, &dialect, now_ms)?;
+        Ok(store)
+    }
+
+    fn client(&self) -> Result<&Client> {
+        self.client.as_ref().ok_or_else(|| LedgerError::StoreError {
+            operation: "using the connection".into(),
+            message: format!("the connection to {} is closed", self.target.label),
+        })
+    }
+
+    /// Run one request to completion.
+    fn block<'s, T, F: Future<Output = std::result::Result<T, PgError>>>(
+        &'s self,
+        op: &str,
+        request: impl FnOnce(&'s Client) -> F,
+    ) -> Result<T> {
+        let client = self.client()?;
+        self.runtime
+            .block_on(request(client))
+            .map_err(|e| self.fail(op, &e))
+    }
+
+    fn fail(&self, op: &str, e: &PgError) -> LedgerError {
+        ledger_error(op, &self.target.label, &classify(&self.target, e))
+    }
+
+    /// Session settings: the schema, the busy budget as `lock_timeout` (a writer waiting on a
+    /// run's row lock gives up and retries, then reports `StoreBusy`), and durability.
+    /// `normal` is `synchronous_commit = off`: the analogue of SQLite's WAL + NORMAL, a crash
+    /// may lose the last commits but never consistency; `full` waits for the WAL flush.
+    fn configure(&mut self) -> Result<()> {
+        let sync = match self.opts.durability {
+            Durability::Normal => "off",
+            Durability::Full => "on",
+        };
+        let settings = format!(
+            "SET search_path TO \"{}\"; SET lock_timeout = {}; SET synchronous_commit = {sync}; \
+             SET default_transaction_isolation = 'read committed'",
+            self.target.schema,
+            self.opts.busy_timeout_ms.max(1)
+        );
+        self.block("configuring the database", |c| c.batch_execute(&settings))
+    }
+
+    /// PostgreSQL's part of migrating (see [`migrate`]): the advisory lock that lets several
+    /// processes open a fresh database at once, the schema made along with the ledger, and
+    /// `create=False` refusing a schema without a ledger (it is not created on the way to
+    /// reporting that).
+    fn dialect(&self) -> Dialect {
+        let (schema, label) = (&self.target.schema, &self.target.label);
+        Dialect {
+            migrations: migrate::POSTGRES_MIGRATIONS,
+            lock: Some(format!(
+                "SELECT pg_advisory_xact_lock({})",
+                sql::MIGRATION_LOCK
+            )),
+            create_ledger: format!(
+                "CREATE SCHEMA IF NOT EXISTS \"{schema}\"; {}",
+                sql::CREATE_LEDGER_SQL
+            ),
+            foreign: format!(
+                "schema {schema} of {label} holds other tables and no schema_migrations; it is \
+                 not a fencepost ledger: choose another schema (?schema=)"
+            ),
+            missing: (!self.opts.create).then(|| {
+                format!(
+                    "there is no fencepost ledger in schema {schema} of {label}; check the URL's \
+                     database and ?schema= (opening with create=False never makes one)"
+                )
+            }),
+        }
+    }
+
+    /// Reconnect after the server dropped the connection (a restart, a failover, an idle
+    /// timeout): a new session with the same settings and an empty statement cache.
+    fn ensure_connected(&mut self) -> Result<()> {
+        if !self.broken && self.client.as_ref().is_some_and(|c| !c.is_closed()) {
+            return Ok(());
+        }
+        drop(self.client.take());
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        let (client, task) = connect(&self.target, &self.runtime)?;
+        self.client = Some(client);
+        self.task = Some(task);
+        self.statements.clear();
+        self.broken = false;
+        self.configure()
+    }
+
+    /// One run of a transaction. `BEGIN` is not sent on its own: it is queued, and goes out
+    /// with the body's first statement (a body that sends nothing costs no round trip at all).
+    fn run_once(
+        &mut self,
+        op: &str,
+        begin: &'static str,
+        commit: bool,
+        body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
+    ) -> std::result::Result<(), Failure> {
+        let target = &self.target;
+        let Some(client) = self.client.as_ref() else {
+            return Err(Failure::Fatal(LedgerError::StoreError {
+                operation: op.into(),
+                message: format!("the connection to {} is closed", target.label),
+            }));
+        };
+        let tx = Tx::new(
+            &self.runtime,
+            client,
+            &mut self.statements,
+            target,
+            op,
+            begin,
+        );
+        let out = body(&tx);
+        let out = tx.end(out, commit);
+        let (retry, lost) = (tx.retry(), tx.lost());
+        drop(tx);
+        self.broken = lost;
+        // After a failed COMMIT pipeline the transaction is over too: the server answered the
+        // COMMIT of an aborted transaction with a rollback.
+        out.map_err(|e| match retry {
+            Some(RetryKind::Busy) => Failure::Busy(e),
+            Some(RetryKind::Race) => Failure::Race(e),
+            None => Failure::Fatal(e),
+        })
+    }
+}
+
+impl Store for PgStore {
+    fn label(&self) -> &str {
+        &self.target.label
+    }
+
+    fn write_dyn(
+        &mut self,
+        op: &str,
+        body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
+    ) -> Result<()> {
+        self.ensure_connected()?;
+        let mut backoff = Backoff::new(self.opts.busy_timeout_ms, MAX_BUSY_RETRIES);
+        let mut unique_retries = 0u32;
+        loop {
+            match self.run_once(op, "BEGIN", true, body) {
+                Ok(()) => return Ok(()),
+                Err(Failure::Fatal(e)) => return Err(e),
+                Err(Failure::Race(e)) => {
+                    // The race's winner has committed: re-running sees its row at once.
+                    unique_retries += 1;
+                    if unique_retries > MAX_UNIQUE_RETRIES {
+                        return Err(e);
+                    }
+                }
+                Err(Failure::Busy(_)) => {
+                    backoff.wait()?;
+                }
+            }
+        }
+    }
+
+    /// REPEATABLE READ, read only: one snapshot for every statement of the read, as SQLite's
+    /// read transaction gives.
+    fn read_dyn(
+        &mut self,
+        op: &str,
+        body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
+    ) -> Result<()> {
+        self.ensure_connected()?;
+        match self.run_once(
+            op,
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+            false,
+            body,
+        ) {
+            Ok(()) => Ok(()),
+            Err(Failure::Fatal(e) | Failure::Busy(e) | Failure::Race(e)) => Err(e),
+        }
+    }
+
+    /// One autocommit statement, before the reader's transaction takes its snapshot.
+    fn event_horizon(&mut self) -> Result<Option<i64>> {
+        self.ensure_connected()?;
+        let row = self.block("reading events", |c| {
+            c.query_one(sql::EVENT_HORIZON_SQL, &[])
+        })?;
+        Ok(row.get(0))
+    }
+
+    fn pragmas(&mut self) -> Result<Pragmas> {
+        self.ensure_connected()?;
+        let row = self.block("reading settings", |c| c.query_one(sql::PRAGMAS_SQL, &[]))?;
+        let sync: String = row.get(0);
+        let lock_timeout: String = row.get(1);
+        Ok(Pragmas {
+            journal_mode: "postgresql".into(),
+            synchronous: if sync == "off" || sync == "local" {
+                "normal".into()
+            } else {
+                "full".into()
+            },
+            busy_timeout: parse_ms(&lock_timeout),
+            foreign_keys: true,
+            schema_version: row.get(2),
+            tls: Some(row.get(3)),
+        })
+    }
+
+    /// PostgreSQL checks its own pages; this checks the ledger's side: the schema is at this
+    /// library's version and every table the operations use answers.
+    fn integrity_check(&mut self) -> Result<Vec<String>> {
+        let version = self.pragmas()?.schema_version;
+        if version != migrate::SCHEMA_VERSION {
+            return Ok(vec![format!(
+                "schema version {version}, expected {}",
+                migrate::SCHEMA_VERSION
+            )]);
+        }
+        for table in sql::TABLES {
+            let text = format!("SELECT 1 FROM {table} LIMIT 1");
+            self.block("checking integrity", |c| c.batch_execute(&text))?;
+        }
+        Ok(vec!["ok".into()])
+    }
+}
+
+/// Why one run of a transaction failed.
+enum Failure {
+    /// Contention (a deadlock, a serialization failure, a `lock_timeout`): run a write again
+    /// after the backoff. The error is what a read, which is not run again, reports.
+    Busy(LedgerError),
+    /// A UNIQUE violation that a racing insert caused (two processes reserving the same new
+    /// run): run it again at once, and the winner's row is there. The error is what to report
+    /// if the violation persists.
+    Race(LedgerError),
+    /// Anything else: give up with this error.
+    Fatal(LedgerError),
+}
+
+/// `lock_timeout` as PostgreSQL shows it (`5s`, `250ms`, `1min`, `0`) in milliseconds.
+fn parse_ms(setting: &str) -> i64 {
+    let digits: String = setting.chars().take_while(char::is_ascii_digit).collect();
+    let n: i64 = digits.parse().unwrap_or(0);
+    match &setting[digits.len()..] {
+        "s" => n * 1000,
+        "min" => n * 60_000,
+        "h" => n * 3_600_000,
+        _ => n,
+    }
+}
+
+/// Connect to `target` on `runtime`; the connection's task is spawned there and runs whenever
+/// the store waits on a request.
+fn connect(target: &Target, runtime: &Runtime) -> Result<(Client, JoinHandle<()>)> {
+    let connecting = target.config.connect(target.tls.clone());
+    let (client, connection) = runtime.block_on(connecting).map_err(|e| {
+        let text = scrub(&error_text(&e), target.password());
+        let check = if text.contains("certificate") || text.contains("TLS") {
+            "check the URL's sslmode and sslrootcert (README \"PostgreSQL\": TLS)"
+        } else {
+            "check that the server is running and reachable, and the URL's user, database \
+             and credentials"
+        };
+        LedgerError::StoreError {
+            operation: "connecting to PostgreSQL".into(),
+            message: format!(
+                "cannot connect to PostgreSQL at {} ({text}); {check}",
+                target.server
+            ),
+        }
+    })?;
+    // The task's own error (the socket closing) reaches the client's next request.
+    let task = runtime.spawn(async move {
+        let _ = connection.await;
+    });
+    Ok((client, task))
+}
+
+/// Drop `schema` of the database at `url` with everything in it (the tests' fresh schemas).
+#[cfg(test)]
+pub(crate) fn drop_schema(url: &str, schema: &str) -> Result<()> {
+    let target = Target::parse(url, Some(schema))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| LedgerError::StoreError {
+            operation: "dropping a test schema".into(),
+            message: e.to_string(),
+        })?;
+    let (client, task) = connect(&target, &runtime)?;
+    let text = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", target.schema);
+    let out = runtime.block_on(client.batch_execute(&text)).map_err(|e| {
+        ledger_error(
+            "dropping a test schema",
+            &target.label,
+            &classify(&target, &e),
+        )
+    });
+    drop(client);
+    let _ = runtime.block_on(task);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_timeout_settings_parse() {
+        assert_eq!(parse_ms("5s"), 5000);
+        assert_eq!(parse_ms("250ms"), 250);
+        assert_eq!(parse_ms("1min"), 60_000);
+        assert_eq!(parse_ms("0"), 0);
+    }
+
+    #[test]
+    fn a_refused_connection_names_the_server_not_the_password() {
+        // Port 1 on loopback: nothing listens there.
+        let err = PgStore::open(
+            "postgresql://u:hunter2@127.0.0.1:1/x",
+            None,
+            &OpenOptions::default(),
+            0,
+        )
+        .unwrap_err();
+        let text = format!("{err:?}");
+        assert!(text.contains("127.0.0.1:1"), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+
+    #[test]
+    fn the_migration_lock_key_spells_fencepost() {
+        assert_eq!(sql::MIGRATION_LOCK.to_be_bytes(), *b"fencepos");
+    }
+}

@@ -1,0 +1,311 @@
+//! A PostgreSQL transaction behind the store's [`Tx`](crate::store::Tx): statements prepared
+//! once per connection, the writes whose results the operation does not read pipelined (see
+//! `pipeline`), the run's row lock, and savepoints for the statements whose failure the
+//! operation interprets.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+use tokio::runtime::Runtime;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, Error as PgError, Statement};
+
+use super::errors::classify;
+use super::pipeline::{Failed, Pipeline, Queued, Req, Resp};
+use super::sql;
+use super::target::Target;
+use crate::errors::{LedgerError, Result};
+use crate::store::{
+    ledger_error, BatchStatements, DbError, DbErrorKind, DbResult, Row, Sql, SqlValue, ToSql,
+};
+
+/// Why a statement's failure asks for the whole transaction to run again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RetryKind {
+    /// Contention: a deadlock, a serialization failure or a `lock_timeout`.
+    Busy,
+    /// A UNIQUE violation that a racing insert caused: re-running finds the winner's row.
+    Race,
+}
+
+/// An open transaction on the connection.
+///
+/// Statements whose results the operation does not read (the run's row lock, the writes after
+/// the last read: [`crate::store::Tx::defer`]) are queued, not sent: they go out in one
+/// pipeline with the next statement the operation waits for, or with the `COMMIT`.
+pub(super) struct Tx<'a> {
+    pipe: Pipeline<'a>,
+    statements: RefCell<&'a mut HashMap<&'static str, Statement>>,
+    target: &'a Target,
+    op: &'a str,
+    /// Set when a statement failed in a way that re-running the transaction can cure.
+    retry: Cell<Option<RetryKind>>,
+    /// Runs whose row lock this transaction holds (or has queued).
+    locked: RefCell<Vec<String>>,
+    /// Savepoints taken (for statements whose failure the caller interprets).
+    savepoint: Cell<u32>,
+    /// A statement met a dead session.
+    lost: Cell<bool>,
+}
+
+impl<'a> Tx<'a> {
+    /// A transaction of operation `op` that begins with `begin` (queued, not sent yet).
+    pub(super) fn new(
+        runtime: &'a Runtime,
+        client: &'a Client,
+        statements: &'a mut HashMap<&'static str, Statement>,
+        target: &'a Target,
+        op: &'a str,
+        begin: &'static str,
+    ) -> Self {
+        Self {
+            pipe: Pipeline::new(runtime, client, begin),
+            statements: RefCell::new(statements),
+            target,
+            op,
+            retry: Cell::new(None),
+            locked: RefCell::new(Vec::new()),
+            savepoint: Cell::new(0),
+            lost: Cell::new(false),
+        }
+    }
+
+    /// End the transaction after its body returned `out`: a successful write commits, sending
+    /// the writes still queued with the `COMMIT` in one round trip (if one of them fails, the
+    /// server answers the `COMMIT` with a rollback: nothing is written). A read, or a refused
+    /// write, rolls back. The transaction's outcome.
+    pub(super) fn end(&self, out: Result<()>, commit: bool) -> Result<()> {
+        if out.is_ok() && commit && self.pipe.begun() {
+            self.send(Some(Req::Simple("COMMIT")), false)
+                .map(|_| ())
+                .map_err(|e| crate::store::Tx::fail(self, &e))
+        } else {
+            // A failed ROLLBACK means the connection is gone, which the next call repairs.
+            self.roll_back();
+            out
+        }
+    }
+
+    /// Whether re-running the transaction may cure its failure, and why.
+    pub(super) fn retry(&self) -> Option<RetryKind> {
+        self.retry.get()
+    }
+
+    /// Whether a statement met a dead session (the store reconnects before its next call).
+    pub(super) fn lost(&self) -> bool {
+        self.lost.get()
+    }
+
+    fn classify(&self, e: &PgError, interpret: bool) -> DbError {
+        let err = classify(self.target, e);
+        match &err.kind {
+            DbErrorKind::Busy => self.retry.set(Some(RetryKind::Busy)),
+            DbErrorKind::Unique { .. } if !interpret => self.retry.set(Some(RetryKind::Race)),
+            DbErrorKind::Unavailable => self.lost.set(true),
+            _ => {}
+        }
+        err
+    }
+
+    fn statement(&self, text: &'static str, interpret: bool) -> DbResult<Statement> {
+        if let Some(s) = self.statements.borrow().get(text) {
+            return Ok(s.clone());
+        }
+        let prepared = self
+            .pipe
+            .prepare(&placeholders(text))
+            .map_err(|e| self.classify(&e, interpret))?;
+        self.statements.borrow_mut().insert(text, prepared.clone());
+        Ok(prepared)
+    }
+
+    /// Send the queued requests and `last` in one round trip; `last`'s answer. A queued
+    /// request's failure is reported first (what followed it failed because of it).
+    fn send(&self, last: Option<Req<'_>>, interpret: bool) -> DbResult<Option<Resp>> {
+        self.pipe.send(last).map_err(|failed| match failed {
+            Failed::Queued(e) => self.classify(&e, false),
+            Failed::Waited(e) => self.classify(&e, interpret),
+        })
+    }
+
+    /// Queue `text` (a statement of this backend's own) to go out with the next request.
+    fn defer_text(&self, text: &'static str, params: &[&dyn ToSql]) -> DbResult<()> {
+        let statement = self.statement(text, false)?;
+        if self.pipe.push(Queued::exec(statement, params)) {
+            self.send(None, false)?;
+        }
+        Ok(())
+    }
+
+    /// End a transaction that must not commit: whatever is still queued is dropped unsent.
+    fn roll_back(&self) {
+        self.pipe.clear();
+        if self.pipe.sent() {
+            let _ = self.send(Some(Req::Simple("ROLLBACK")), false);
+        }
+    }
+}
+
+/// Rewrite `?N` placeholders to PostgreSQL's `$N`. The ledger's SQL has no `?` anywhere else
+/// (no string literal holds one).
+fn placeholders(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '?' && chars.peek().is_some_and(char::is_ascii_digit) {
+            out.push('$');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A driver row behind the neutral [`Row`].
+struct PgRow<'a>(&'a tokio_postgres::Row);
+
+impl Row for PgRow<'_> {
+    fn value(&self, index: usize) -> DbResult<SqlValue<'_>> {
+        let type_error = |e: PgError| DbError::new(DbErrorKind::Type, e.to_string());
+        let column = self
+            .0
+            .columns()
+            .get(index)
+            .ok_or_else(|| DbError::new(DbErrorKind::Type, format!("no column {index}")))?;
+        let ty = column.type_().clone();
+        let v = match ty {
+            Type::INT8 => self
+                .0
+                .try_get::<_, Option<i64>>(index)
+                .map_err(type_error)?
+                .map(SqlValue::Int),
+            Type::INT4 => self
+                .0
+                .try_get::<_, Option<i32>>(index)
+                .map_err(type_error)?
+                .map(|v| SqlValue::Int(i64::from(v))),
+            Type::INT2 => self
+                .0
+                .try_get::<_, Option<i16>>(index)
+                .map_err(type_error)?
+                .map(|v| SqlValue::Int(i64::from(v))),
+            Type::BOOL => self
+                .0
+                .try_get::<_, Option<bool>>(index)
+                .map_err(type_error)?
+                .map(|v| SqlValue::Int(i64::from(v))),
+            Type::BYTEA => self
+                .0
+                .try_get::<_, Option<&[u8]>>(index)
+                .map_err(type_error)?
+                .map(SqlValue::Blob),
+            _ => self
+                .0
+                .try_get::<_, Option<&str>>(index)
+                .map_err(type_error)?
+                .map(SqlValue::Text),
+        };
+        Ok(v.unwrap_or(SqlValue::Null))
+    }
+}
+
+impl crate::store::Tx for Tx<'_> {
+    fn execute(&self, sql: &Sql, params: &[&dyn ToSql], interpret: bool) -> DbResult<usize> {
+        let statement = self.statement(sql.postgres, interpret)?;
+        let count = |r: Option<Resp>| match r {
+            Some(Resp::Count(n)) => usize::try_from(n).unwrap_or(usize::MAX),
+            _ => 0,
+        };
+        if !interpret {
+            return self
+                .send(Some(Req::exec(&statement, params)), false)
+                .map(count);
+        }
+        // PostgreSQL aborts the whole transaction on a failed statement; a savepoint keeps it
+        // usable so the caller can act on the failure (the scope guard names its occupant).
+        let n = self.savepoint.get() + 1;
+        self.savepoint.set(n);
+        self.pipe
+            .push(Queued::Simple(format!("SAVEPOINT fp_{n}").into()));
+        match self.send(Some(Req::exec(&statement, params)), true) {
+            Ok(r) => {
+                self.pipe
+                    .push(Queued::Simple(format!("RELEASE SAVEPOINT fp_{n}").into()));
+                Ok(count(r))
+            }
+            Err(err) => {
+                let undo = format!("ROLLBACK TO SAVEPOINT fp_{n}");
+                self.send(Some(Req::Simple(&undo)), true)?;
+                Err(err)
+            }
+        }
+    }
+
+    fn query(
+        &self,
+        sql: &Sql,
+        params: &[&dyn ToSql],
+        each: &mut dyn FnMut(&dyn Row) -> DbResult<bool>,
+    ) -> DbResult<()> {
+        let statement = self.statement(sql.postgres, false)?;
+        if let Some(Resp::Rows(rows)) = self.send(Some(Req::query(&statement, params)), false)? {
+            for row in &rows {
+                if !each(&PgRow(row))? {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn defer(&self, sql: &Sql, params: &[&dyn ToSql]) -> DbResult<()> {
+        self.defer_text(sql.postgres, params)
+    }
+
+    /// Sent at once, with whatever is queued ahead of it: its failure fails the transaction.
+    fn execute_script(&self, text: &str) -> DbResult<()> {
+        self.send(Some(Req::Simple(text)), false).map(|_| ())
+    }
+
+    fn fail(&self, err: &DbError) -> LedgerError {
+        ledger_error(self.op, &self.target.label, err)
+    }
+
+    /// Queued, not sent: the lock goes out with the operation's first read, in the same round
+    /// trip and ahead of it (so that read sees the previous writer's commit).
+    fn lock_run(&self, run_id: &str) -> Result<()> {
+        if self.locked.borrow().iter().any(|r| r == run_id) {
+            return Ok(());
+        }
+        // Every write that appends events locks a run first, so the first run lock of a
+        // transaction also puts down its floor for the global event cursor — before any `seq`
+        // is allocated (see `sql::EVENT_FLOOR_LOCK_SQL`). Queued, so it costs no round trip.
+        if self.locked.borrow().is_empty() {
+            self.defer_text(sql::EVENT_FLOOR_LOCK_SQL, crate::params![])
+                .map_err(|e| crate::store::Tx::fail(self, &e))?;
+        }
+        self.defer_text(sql::LOCK_RUN_SQL, crate::params![run_id])
+            .map_err(|e| crate::store::Tx::fail(self, &e))?;
+        self.locked.borrow_mut().push(run_id.to_owned());
+        Ok(())
+    }
+
+    /// Every statement is a round trip here, so a batch written by one set-based statement
+    /// costs one round trip instead of one per row.
+    fn batch_statements(&self) -> Option<&'static BatchStatements> {
+        Some(&sql::BATCH)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_rewritten() {
+        assert_eq!(
+            placeholders("a = ?1 AND b IN (?12, ?3) AND c = '?'"),
+            "a = $1 AND b IN ($12, $3) AND c = '?'"
+        );
+    }
+}

@@ -12,6 +12,8 @@
 use crate::errors::{LedgerError, Result};
 
 pub mod migrate;
+#[cfg(all(test, feature = "postgres"))]
+mod parity;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod sql;

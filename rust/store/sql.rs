@@ -1,7 +1,9 @@
-//! Every SQL statement of the ledger operations, named after the operation that runs it
-//! (STYLE §2). Each one is prepared once per connection (statement cache). Lists are passed as
-//! one JSON array parameter and read with `json_each`, so a statement never changes shape with
-//! the number of refs or types and stays cached.
+//! Every SQL statement the ledger operations run on both backends, named after the operation
+//! that runs it, so a statement leads to its caller and back. Each one is prepared once per
+//! connection (statement cache). Lists are passed as one JSON array parameter and read with
+//! `json_each` (`jsonb_array_elements_text` on PostgreSQL), so a statement never changes shape
+//! with the number of refs or types and stays cached. A statement only one backend runs lives
+//! in that backend.
 
 use crate::store::Sql;
 
@@ -36,7 +38,8 @@ pub const INSERT_EVENT_SQL: Sql = Sql::split(
     FROM events WHERE resource_id = ?1",
 );
 /// `?2 IS NULL` / `?3 IS NULL` switch the filters off without changing the statement.
-/// ?5: the event horizon (see [`EVENT_HORIZON_SQL`]): only `seq` below it, or NULL for all.
+/// ?5: the event horizon ([`Store::event_horizon`](crate::store::Store::event_horizon)): only
+/// `seq` below it, or NULL for all.
 pub const LIST_EVENTS_SQL: Sql = Sql::split(
     "SELECT seq, resource_id, revision, type, actor_type, actor_id,
     generation, payload, ts FROM events
@@ -137,8 +140,8 @@ pub const LIST_RUNS_SQL: Sql = Sql::split(
      ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id DESC"
     ),
 );
-/// ?3 = 0: in this scope; ?3 = 1: in any other scope or none (a same-scope row can never mask
-/// another scope's run, akm #942).
+/// ?3 = 0: in this scope; ?3 = 1: in any other scope or none. Two separate questions, so a
+/// same-scope row can never mask another scope's run.
 pub const FIND_ACTIVE_RUN_SQL: Sql = Sql::split(
     concat!(
         run_select!(),
@@ -189,7 +192,8 @@ pub const ACTIVATE_STEP_SQL: Sql = Sql::same(
 );
 pub const BLOCK_STEP_SQL: Sql =
     Sql::same("UPDATE steps SET status = 'blocked', notes = ?3 WHERE run_id = ?1 AND step_id = ?2");
-/// `resume_run` reopens the current step only if it is blocked or failed (akm's rule).
+/// `resume_run` reopens the current step only if it is blocked or failed: a step that is
+/// active already, or finished, stays as it is.
 pub const REOPEN_STEP_SQL: Sql = Sql::same(
     "UPDATE steps SET status = 'active', notes = NULL,
     evidence = NULL, completed_at = NULL
@@ -214,8 +218,8 @@ pub const LATEST_ATTEMPT_SQL: Sql = Sql::same(
     FROM attempts WHERE run_id = ?1 AND unit_id = ?2 ORDER BY attempt DESC LIMIT 1",
 );
 /// A reclaim keeps the attempt number and dispatch id; it only records who holds it now.
-/// A reclaim under a claim records the reclaimer's generation (the claim epoch of `PRIOR_ART`
-/// C1.6): the dispatch id stays, and the attempt says which owner handed it out last.
+/// A reclaim under a claim records the reclaimer's generation (the claim's epoch): the
+/// dispatch id stays, and the attempt says which owner handed it out last.
 pub const RECLAIM_ATTEMPT_SQL: Sql = Sql::same(
     "UPDATE attempts SET reclaims = reclaims + 1,
     holder = coalesce(?4, holder), lease_generation = coalesce(?5, lease_generation)
@@ -232,8 +236,8 @@ pub const RECLAIM_UNIT_SQL: Sql = Sql::split(
       AND claim_holder IS DISTINCT FROM CAST(?3 AS TEXT)",
 );
 /// How a reservation overwrites a unit's projection: every column from the new attempt and the
-/// previous attempt's result cleared (`PRIOR_ART` A3 `reserveUnitAttempt` step 4). One text for
-/// the one-by-one and the set-based statements.
+/// previous attempt's result cleared, so the projection never shows a new attempt with an old
+/// outcome. One text for the one-by-one and the set-based statements.
 macro_rules! units_reserve_upsert {
     () => {
         " ON CONFLICT(run_id, unit_id) DO UPDATE SET step_id = excluded.step_id,
@@ -250,7 +254,7 @@ macro_rules! units_reserve_upsert {
 pub(crate) use units_reserve_upsert;
 
 /// The projection follows the newest attempt: every column is overwritten and the previous
-/// attempt's result cleared (`PRIOR_ART` A3 `reserveUnitAttempt` step 4).
+/// attempt's result cleared (see `units_reserve_upsert`).
 pub const RESERVE_ATTEMPT_UNIT_SQL: Sql = Sql::same(concat!(
     "INSERT INTO units(run_id, unit_id, step_id, node_id,
     parent_unit_id, phase, runner, engine, model, input_hash, worktree_path, status, claim_holder,
@@ -266,8 +270,8 @@ pub const RESERVE_ATTEMPT_INSERT_SQL: Sql = Sql::same(
     started_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'running', ?9, ?10, ?11)",
 );
 
-/// The finish compare-and-set (DESIGN §1.2): only a still-running attempt with this exact
-/// dispatch id changes; a duplicate or late callback matches no row.
+/// The finish compare-and-set, which makes every attempt finish once: only a still-running
+/// attempt with this exact dispatch id changes; a duplicate or late callback matches no row.
 pub const FINISH_ATTEMPT_SQL: Sql = Sql::same(
     "UPDATE attempts SET status = ?5, result = ?6, tokens = ?7,
     failure_reason = ?8, session_id = ?9, finished_at = ?10
@@ -298,7 +302,7 @@ pub const GET_UNIT_SQL: Sql = Sql::same(
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder FROM units WHERE run_id = ?1 AND unit_id = ?2",
 );
-/// Unfinished attempts count as attempts; NULL tokens count as 0 (akm's accounting).
+/// Unfinished attempts count as attempts (each was dispatched); NULL tokens count as 0.
 /// PostgreSQL sums BIGINTs into NUMERIC: cast back, the totals fit.
 pub const ACCOUNTING_SQL: Sql = Sql::split(
     "SELECT count(*), coalesce(sum(tokens), 0),

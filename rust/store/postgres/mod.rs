@@ -16,6 +16,11 @@
 //! Time: expiry is judged by the ledger's clock (the client's, injectable), exactly as on
 //! SQLite. Hosts sharing a database must keep their clocks in sync (NTP); a lease should be far
 //! longer than the skew between them.
+//!
+//! Here: [`PgStore`] (opening, session settings, reconnecting, the retry loop). `target` parses
+//! the URL, `tls` makes its TLS connector, `errors` classifies the driver's errors, `tx` is the
+//! transaction behind the seam, `pipeline` sends its requests back to back, and `sql` holds
+//! the statements only PostgreSQL runs.
 
 mod errors;
 mod pipeline;
@@ -419,6 +424,7 @@ pub(crate) fn drop_schema(url: &str, schema: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::testing;
 
     #[test]
     fn lock_timeout_settings_parse() {
@@ -441,6 +447,94 @@ mod tests {
         let text = format!("{err:?}");
         assert!(text.contains("127.0.0.1:1"), "{text}");
         assert!(!text.contains("hunter2"), "{text}");
+    }
+
+    /// Run `text` in a write transaction of `store`.
+    fn run(store: &mut dyn Store, text: &'static str, params: &[&dyn crate::store::ToSql]) {
+        store
+            .write("testing", |tx| {
+                tx.exec(&crate::store::Sql::native(text), params)
+            })
+            .unwrap();
+    }
+
+    fn open_schema(schema: &str, create: bool) -> Result<PgStore> {
+        let opts = OpenOptions {
+            create,
+            ..OpenOptions::default()
+        };
+        PgStore::open(&testing::postgres_url(), Some(schema), &opts, 9)
+    }
+
+    #[test]
+    fn migrating_again_is_a_noop_and_a_newer_schema_is_refused() {
+        let (mut store, dropper) = testing::postgres_fresh();
+        let again = open_schema(dropper.schema(), true).unwrap();
+        drop(again);
+        let ledger = store
+            .read("testing", |tx| {
+                tx.rows(
+                    &crate::store::Sql::native(
+                        "SELECT version, applied_at FROM schema_migrations ORDER BY version",
+                    ),
+                    crate::params![],
+                    |r| Ok((r.get::<i64>(0)?, r.get::<i64>(1)?)),
+                )
+            })
+            .unwrap();
+        assert_eq!(ledger, vec![(1, 0), (2, 0)], "re-running is a no-op");
+        run(
+            &mut *store,
+            "INSERT INTO schema_migrations(version, name, applied_at) VALUES (?1, 'future', 0)",
+            crate::params![migrate::SCHEMA_VERSION + 41],
+        );
+        let err = open_schema(dropper.schema(), true).unwrap_err();
+        assert_eq!(
+            err,
+            LedgerError::SchemaError {
+                database_version: migrate::SCHEMA_VERSION + 41,
+                library_version: migrate::SCHEMA_VERSION
+            }
+        );
+    }
+
+    #[test]
+    fn a_schema_of_other_tables_is_refused() {
+        let (mut store, dropper) = testing::postgres_fresh();
+        run(
+            &mut *store,
+            "DROP TABLE schema_migrations",
+            crate::params![],
+        );
+        let err = open_schema(dropper.schema(), true).unwrap_err();
+        assert!(
+            matches!(&err, LedgerError::StoreError { message, .. } if message.contains("not a fencepost ledger")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn create_false_refuses_a_missing_ledger_and_makes_no_schema() {
+        let (mut store, dropper) = testing::postgres_fresh();
+        let schema = format!("{}_absent", dropper.schema());
+        let err = open_schema(&schema, false).unwrap_err();
+        assert!(
+            matches!(&err, LedgerError::StoreError { operation, message }
+                if operation == "opening the database" && message.contains("no fencepost ledger")),
+            "{err:?}"
+        );
+        let made = store
+            .read("testing", |tx| {
+                tx.row(
+                    &crate::store::Sql::native(
+                        "SELECT count(*) FROM pg_namespace WHERE nspname = ?1",
+                    ),
+                    crate::params![schema],
+                    |r| r.get::<i64>(0),
+                )
+            })
+            .unwrap();
+        assert_eq!(made, Some(0));
     }
 
     #[test]

@@ -1,5 +1,5 @@
--- 0001_init, PostgreSQL dialect: the same schema as rust/store/sqlite/migrations/0001_init.sql
--- (DESIGN §2), column for column, so one set of operations reads both. Forward-only: later
+-- 0001_init, PostgreSQL dialect: the same schema as rust/store/sqlite/migrations/0001_init.sql,
+-- column for column, so one set of operations reads both. Forward-only: later
 -- changes are new files, numbered like their SQLite twins.
 --
 -- Dialect notes: integers are BIGINT (the ledger binds 64-bit values everywhere; flags are
@@ -52,7 +52,7 @@ CREATE TABLE runs (
 
 CREATE UNIQUE INDEX runs_invocation_key ON runs(parent_run_id, invocation_key)
     WHERE parent_run_id IS NOT NULL AND invocation_key IS NOT NULL;
--- The scope guard (PRIOR_ART C2.1). A second writer blocks on this index until the first
+-- The scope guard, as a constraint rather than a read-then-write. A second writer blocks on this index until the first
 -- commits, then fails on it: the ledger reports ActiveRunExists naming the occupant.
 CREATE UNIQUE INDEX runs_scope_guard ON runs(scope_key, workflow_ref)
     WHERE status = 'active' AND guarded = 1 AND parent_run_id IS NULL;

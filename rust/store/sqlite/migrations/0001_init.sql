@@ -1,10 +1,10 @@
--- 0001_init: the first ledger schema (DESIGN §2). Forward-only: later changes are new files.
+-- 0001_init: the first ledger schema. Forward-only: later changes are new files.
 --
 -- Conventions: STRICT tables (no silent type coercion); times are INTEGER epoch milliseconds;
 -- statuses are lowercase strings pinned by CHECK constraints, and terminal-time columns are tied
--- to the status by CHECKs so no row can claim to be finished without a finish time (River's
--- finalized_or_finalized_at_null). JSON values live either in `blobs` (by digest) or inline as
--- canonical JSON text (small per-row values: step evidence, attempt results, event payloads).
+-- to the status by CHECKs so no row can claim to be finished without a finish time, or carry
+-- one while unfinished. JSON values live either in `blobs` (by digest) or inline as canonical
+-- JSON text (small per-row values: step evidence, attempt results, event payloads).
 --
 -- Every index is paid for on the hot path: a reserve writes its pages to the WAL on every
 -- commit, and checkpoints copy them back. So the per-attempt tables are WITHOUT ROWID (the
@@ -63,10 +63,11 @@ CREATE TABLE runs (
 CREATE UNIQUE INDEX runs_invocation_key ON runs(parent_run_id, invocation_key)
     WHERE parent_run_id IS NOT NULL AND invocation_key IS NOT NULL;
 
--- The scope guard as a constraint, not a read-then-write (PRIOR_ART C2.1): at most one guarded,
--- top-level, active run per (scope, workflow ref). A blocked run leaves the index, so a second
--- run may start; resuming the first then fails on this index and is reported as
--- ActiveRunExists. Forced runs (guarded = 0) are outside it by design.
+-- The scope guard as a constraint, not a read-then-write (two writers that both read "free"
+-- cannot both insert): at most one guarded, top-level, active run per (scope, workflow ref).
+-- A blocked run leaves the index, so a second run may start; resuming the first then fails on
+-- this index and is reported as ActiveRunExists. Forced runs (guarded = 0) are outside it by
+-- design.
 CREATE UNIQUE INDEX runs_scope_guard ON runs(scope_key, workflow_ref)
     WHERE status = 'active' AND guarded = 1 AND parent_run_id IS NULL;
 
@@ -174,8 +175,8 @@ CREATE INDEX leases_expires ON leases(expires_at) WHERE expires_at IS NOT NULL;
 -- AUTOINCREMENT would give the same guarantee at the price of a sqlite_sequence page written
 -- on every append. (resource_id, revision) gives each revision of a run exactly one
 -- event and serves events(run_id); idempotency keys make insert_once a constraint instead of a
--- scan (PRIOR_ART C3.2). Type filters read the seq range and filter: no type index to maintain
--- on every append.
+-- scan that a concurrent writer could race. Type filters read the seq range and filter: no
+-- type index to maintain on every append.
 CREATE TABLE events (
     seq             INTEGER PRIMARY KEY,
     resource_id     TEXT NOT NULL,

@@ -54,7 +54,7 @@ const MAX_UNIQUE_RETRIES: u32 = 3;
 /// The driver is `tokio-postgres` on a private single-thread runtime, driven synchronously
 /// (`block_on`, with the GIL released by the caller), because only the asynchronous client
 /// pipelines: a transaction sends the statements whose results it does not read together with
-/// the next one it does read, or with the `COMMIT` (see [`Tx`]). On this loopback a round trip
+/// the next one it does read, or with the `COMMIT` (see `tx::Tx`). On this loopback a round trip
 /// costs more than executing any ledger statement, so round trips are the unit of cost here.
 pub struct PgStore {
     /// Runs the connection task and every request of this ledger, one at a time.

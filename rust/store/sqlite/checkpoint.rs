@@ -23,7 +23,7 @@
 //! readers of the log to finish — new readers read the database file, which by then holds
 //! everything — so the next commit starts the log afresh. Right after a commit is when that
 //! writer can get the lock at once: the others are still asleep in their busy handlers. The
-//! checkpoint waits at most [`RESTART_WAIT`] for the lock and for each reader, so no writer
+//! checkpoint waits at most [`RESTART_WAIT_MS`] for the lock and for each reader, so no writer
 //! stalls behind a long reader; if one outlasts it, the checkpoint ends as a passive one and
 //! the next 250 frames try again. `journal_size_limit` (set by the store) truncates the file
 //! when the log starts over, so its size on disk stays bounded too.

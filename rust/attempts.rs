@@ -1,11 +1,13 @@
-//! Attempts, the dispatcher's hot path (DESIGN §1.1–1.2, §4 "Attempts").
+//! Attempts, the dispatcher's hot path: at-least-once dispatch with a stable dedupe key, and
+//! exactly one terminal result per attempt.
 //!
 //! Reserving either appends attempt n+1 with a fresh `dispatch_id` and a `unit.started` event,
-//! or — when the latest attempt is still `running` — reclaims it in place: same number, same
-//! `dispatch_id`, reclaim count + 1, no event, and refused if the step or input changed
-//! (`PRIOR_ART` C1.7). Finishing is a compare-and-set on (run, unit, attempt, dispatch id,
-//! running): exactly one finish per attempt writes, every other returns `false` and writes
-//! nothing. Batches run in one transaction, all or nothing.
+//! or — when the latest attempt is still `running` (its dispatcher crashed or lost its lease) —
+//! reclaims it in place: same number, same `dispatch_id`, reclaim count + 1, no event. A reclaim
+//! is refused if the step or input changed: downstream systems dedupe on `dispatch_id`, so one
+//! id must never stand for two different pieces of work. Finishing is a compare-and-set on
+//! (run, unit, attempt, dispatch id, running): exactly one finish per attempt writes, every
+//! other returns `false` and writes nothing. Batches run in one transaction, all or nothing.
 
 use crate::params;
 
@@ -14,8 +16,8 @@ use crate::errors::{LedgerError, Result};
 use crate::events::{self, Actor};
 use crate::ids::{check_name, new_dispatch_id};
 use crate::leases::{self, Fence};
-use crate::model::{Accounting, Attempt, Reservation, Unit};
-use crate::runs::run_state;
+use crate::model::{Accounting, Attempt, Reservation, ReservationKind, Unit};
+use crate::status::{run_state, AttemptStatus};
 use crate::store::{sql, Backend, Store, Tx};
 
 /// One unit to reserve.
@@ -84,19 +86,7 @@ pub struct FinishSpec {
 
 impl FinishSpec {
     fn check(&self) -> Result<()> {
-        if !matches!(
-            self.status.as_str(),
-            "completed" | "failed" | "cancelled" | "timed_out"
-        ) {
-            return Err(LedgerError::invalid(
-                "status",
-                format!(
-                    "{:?} is not a terminal attempt status; use completed, failed, cancelled or \
-                     timed_out",
-                    self.status
-                ),
-            ));
-        }
+        AttemptStatus::parse_finish(&self.status)?;
         if self.tokens.is_some_and(|t| t < 0) {
             return Err(LedgerError::invalid(
                 "tokens",
@@ -118,18 +108,12 @@ pub fn reserve_attempts(
     for u in units {
         u.check()?;
     }
-    // Random ids are drawn before BEGIN so the write lock covers only SQL (STYLE §2).
+    // Random ids are drawn before BEGIN so the write lock covers only SQL.
     let dispatch_ids: Vec<String> = units.iter().map(|_| new_dispatch_id()).collect();
     store.write("reserving attempts", |tx| {
         tx.lock_run(run_id)?;
         let actor = leases::check(tx, run_id, fence, now_ms)?;
-        let state = run_state(tx, run_id)?;
-        if state.status != "active" {
-            return Err(LedgerError::RunNotActive {
-                run_id: run_id.to_owned(),
-                status: state.status,
-            });
-        }
+        run_state(tx, run_id)?.require_active(run_id)?;
         // One unit keeps the one-by-one statements: measured, the set-based statement's generic
         // plan for a single JSON row cost more than the two round trips it saves.
         if tx.backend() == Backend::Postgres && units.len() > 1 && distinct(units) {
@@ -179,7 +163,7 @@ fn reserve_set(
             (
                 r.get::<i64>(1)?,
                 r.get::<String>(2)?,
-                r.get::<String>(3)?,
+                r.get::<AttemptStatus>(3)?,
                 r.get::<Option<String>>(4)?,
                 r.get::<Option<String>>(5)?,
             ),
@@ -191,7 +175,7 @@ fn reserve_set(
     let mut rows = Vec::new();
     for (u, dispatch_id) in units.iter().zip(dispatch_ids) {
         let l = latest.get(&u.unit_id);
-        if let Some(l) = l.filter(|l| l.2 == "running") {
+        if let Some(l) = l.filter(|l| l.2 == AttemptStatus::Running) {
             out.push(reclaim(tx, run_id, u, l, actor.generation)?);
             continue;
         }
@@ -217,7 +201,7 @@ fn reserve_set(
         out.push(Reservation {
             run_id: run_id.to_owned(),
             unit_id: u.unit_id.clone(),
-            reclaimed: false,
+            kind: ReservationKind::Reserved,
             attempt,
             dispatch_id: dispatch_id.clone(),
             reclaims: 0,
@@ -233,7 +217,7 @@ fn reserve_set(
                 run_id,
                 json,
                 now_ms,
-                actor.kind,
+                actor.actor_type,
                 actor.id.as_deref(),
                 actor.generation
             ],
@@ -257,7 +241,10 @@ fn started_payload(run_id: &str, u: &UnitSpec, attempt: i64, dispatch_id: &str) 
         ("dispatch_id".into(), Value::Str(dispatch_id.to_owned())),
         ("phase".into(), Value::Str(u.phase.clone())),
         ("run_id".into(), Value::Str(run_id.to_owned())),
-        ("status".into(), Value::Str("running".into())),
+        (
+            "status".into(),
+            Value::Str(AttemptStatus::Running.as_str().into()),
+        ),
         ("step_id".into(), Value::Str(u.step_id.clone())),
         ("unit_id".into(), Value::Str(u.unit_id.clone())),
     ])
@@ -276,13 +263,13 @@ fn reserve_one(
             Ok((
                 r.get::<i64>(0)?,
                 r.get::<String>(1)?,
-                r.get::<String>(2)?,
+                r.get::<AttemptStatus>(2)?,
                 r.get::<Option<String>>(3)?,
                 r.get::<Option<String>>(4)?,
             ))
         })?;
     if let Some(l) = &latest {
-        if l.2 == "running" {
+        if l.2 == AttemptStatus::Running {
             return reclaim(tx, run_id, u, l, actor.generation);
         }
     }
@@ -327,7 +314,7 @@ fn reserve_one(
     Ok(Reservation {
         run_id: run_id.to_owned(),
         unit_id: u.unit_id.clone(),
-        reclaimed: false,
+        kind: ReservationKind::Reserved,
         attempt,
         dispatch_id: dispatch_id.to_owned(),
         reclaims: 0,
@@ -336,10 +323,10 @@ fn reserve_one(
 }
 
 /// The latest attempt of a unit: number, dispatch id, status, step, input hash.
-type Latest = (i64, String, String, Option<String>, Option<String>);
+type Latest = (i64, String, AttemptStatus, Option<String>, Option<String>);
 
-/// Hand a still-running attempt back in place (DESIGN §1.1): same number and dispatch id, one
-/// more reclaim, no event.
+/// Hand a still-running attempt back in place: same number and dispatch id, one more reclaim,
+/// no event (the attempt started once; a second `unit.started` would count it twice).
 fn reclaim(
     tx: &dyn Tx,
     run_id: &str,
@@ -383,7 +370,7 @@ fn reclaim(
     Ok(Reservation {
         run_id: run_id.to_owned(),
         unit_id: u.unit_id.clone(),
-        reclaimed: true,
+        kind: ReservationKind::Reclaimed,
         attempt: *attempt,
         dispatch_id: dispatch.clone(),
         reclaims,
@@ -519,7 +506,7 @@ fn finish_set(
             params![
                 json,
                 now_ms,
-                actor.kind,
+                actor.actor_type,
                 actor.id.as_deref(),
                 actor.generation
             ],
@@ -538,8 +525,9 @@ fn finish_set(
     Ok(out)
 }
 
-/// The `unit.finished` payload (as upstream, AK-06, AK-08): the reason only when there is one,
-/// tokens only when known; results and session ids stay out of the log.
+/// The `unit.finished` payload: the reason only when there is one, tokens only when known.
+/// Results and session ids stay out of the log: the attempt row holds them, and the log, which
+/// every watcher of the run reads, stays small and carries no agent's session.
 fn finished_payload(f: &FinishSpec, step_id: Option<String>, phase: String) -> Value {
     let mut payload = vec![
         ("attempt".into(), Value::Int(f.attempt)),

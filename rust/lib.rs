@@ -14,6 +14,7 @@ pub mod leases;
 pub mod model;
 pub mod queue;
 pub mod runs;
+pub mod status;
 pub mod store;
 
 #[cfg(feature = "python")]

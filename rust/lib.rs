@@ -17,6 +17,9 @@ pub mod runs;
 pub mod status;
 pub mod store;
 
+#[cfg(test)]
+mod conformance;
+
 #[cfg(feature = "python")]
 pub mod py;
 

@@ -14,6 +14,8 @@ pub mod migrate;
 pub mod postgres;
 pub mod sql;
 pub mod sqlite;
+#[cfg(test)]
+pub mod testing;
 
 /// Open a ledger store: PostgreSQL when `url` is given, else the SQLite file `path` (`None` =
 /// a private in-memory database).

@@ -8,8 +8,7 @@
 //!
 //! A value reaches the writer as a [`Doc`]: a flat pre-order tape of nodes plus one buffer
 //! holding every string's UTF-8. The Python walk (`py::convert`) fills the tape directly; Rust
-//! callers build the small owned [`Value`] tree and write it through a tape ([`to_vec`],
-//! [`digest`]). The tape itself refuses what a JSON number cannot hold exactly (integers outside
+//! callers build the small owned [`Value`] tree and write it through a tape ([`to_vec`]). The tape itself refuses what a JSON number cannot hold exactly (integers outside
 //! ±(2^53−1), NaN and infinities: [`Doc::int`], [`Doc::float`]) and documents past its 32-bit
 //! offsets ([`Doc::check_size`]); the front end refuses what only it can see (non-string keys,
 //! cycles, nesting past [`MAX_DEPTH`], lone surrogates, unsupported types). Objects are sorted
@@ -809,11 +808,6 @@ fn hex_digest(hash: &[u8]) -> String {
     out
 }
 
-/// Canonicalize and hash in one call.
-pub fn digest(value: &Value) -> String {
-    digest_bytes(&to_vec(value))
-}
-
 /// Canonical JSON as stored: the text and its digest, serialized and hashed before the
 /// transaction that stores it begins.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -936,7 +930,7 @@ mod tests {
     fn digests_with_prefix() {
         // sha256 of the two bytes `{}`.
         assert_eq!(
-            digest(&Value::Object(vec![])),
+            digest_bytes(&to_vec(&Value::Object(vec![]))),
             "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
         );
         let nested = Value::Array(vec![

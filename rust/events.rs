@@ -54,7 +54,7 @@ pub fn append(
 pub const MAX_PAGE: i64 = 10_000;
 
 /// Events after `after_seq`, optionally of one resource and of some types, oldest first.
-pub fn list(
+fn list(
     tx: &dyn Tx,
     resource: Option<&str>,
     after_seq: i64,

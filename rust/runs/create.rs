@@ -113,8 +113,9 @@ struct Spine<'a> {
     agent: (Option<&'a str>, Option<&'a str>),
 }
 
-/// Insert run + blobs + steps + `run.started`. Returns the raw insert error when the scope
-/// guard index fires, so the caller can name the occupant.
+/// Insert run + blobs + steps + `run.started`. When the scope guard index fires (a racing start
+/// got in between the caller's look-up and this insert) the error is `ActiveRunExists` naming
+/// the run that won.
 fn insert_spine(tx: &dyn Tx, s: &Spine<'_>, now_ms: i64) -> Result<()> {
     blobs::put_digested(tx, &s.params.digest, s.params.text.as_bytes(), now_ms)?;
     if let Some(plan) = s.plan {

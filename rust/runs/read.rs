@@ -30,7 +30,7 @@ fn run_from_row(r: &dyn Row) -> DbResult<Run> {
     })
 }
 
-pub(crate) fn read_run(tx: &dyn Tx, run_id: &str) -> Result<Option<Run>> {
+fn read_run(tx: &dyn Tx, run_id: &str) -> Result<Option<Run>> {
     tx.row(&sql::GET_RUN_SQL, params![run_id], run_from_row)
 }
 

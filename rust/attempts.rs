@@ -1,11 +1,13 @@
-//! Attempts, the dispatcher's hot path (DESIGN §1.1–1.2, §4 "Attempts").
+//! Attempts, the dispatcher's hot path: at-least-once dispatch with a stable dedupe key, and
+//! exactly one terminal result per attempt.
 //!
 //! Reserving either appends attempt n+1 with a fresh `dispatch_id` and a `unit.started` event,
-//! or — when the latest attempt is still `running` — reclaims it in place: same number, same
-//! `dispatch_id`, reclaim count + 1, no event, and refused if the step or input changed
-//! (`PRIOR_ART` C1.7). Finishing is a compare-and-set on (run, unit, attempt, dispatch id,
-//! running): exactly one finish per attempt writes, every other returns `false` and writes
-//! nothing. Batches run in one transaction, all or nothing.
+//! or — when the latest attempt is still `running` (its dispatcher crashed or lost its lease) —
+//! reclaims it in place: same number, same `dispatch_id`, reclaim count + 1, no event. A reclaim
+//! is refused if the step or input changed: downstream systems dedupe on `dispatch_id`, so one
+//! id must never stand for two different pieces of work. Finishing is a compare-and-set on
+//! (run, unit, attempt, dispatch id, running): exactly one finish per attempt writes, every
+//! other returns `false` and writes nothing. Batches run in one transaction, all or nothing.
 
 use crate::params;
 
@@ -14,9 +16,12 @@ use crate::errors::{LedgerError, Result};
 use crate::events::{self, Actor};
 use crate::ids::{check_name, new_dispatch_id};
 use crate::leases::{self, Fence};
-use crate::model::{Accounting, Attempt, Reservation, Unit};
-use crate::runs::run_state;
+use crate::model::{Reservation, ReservationKind};
+use crate::status::{run_state, AttemptStatus};
 use crate::store::{sql, BatchStatements, Store, Tx};
+
+mod read;
+pub use read::{accounting, attempts, orphans, unit, units};
 
 /// One unit to reserve.
 #[derive(Debug, Clone, Default)]
@@ -84,19 +89,7 @@ pub struct FinishSpec {
 
 impl FinishSpec {
     fn check(&self) -> Result<()> {
-        if !matches!(
-            self.status.as_str(),
-            "completed" | "failed" | "cancelled" | "timed_out"
-        ) {
-            return Err(LedgerError::invalid(
-                "status",
-                format!(
-                    "{:?} is not a terminal attempt status; use completed, failed, cancelled or \
-                     timed_out",
-                    self.status
-                ),
-            ));
-        }
+        AttemptStatus::parse_finish(&self.status)?;
         if self.tokens.is_some_and(|t| t < 0) {
             return Err(LedgerError::invalid(
                 "tokens",
@@ -118,18 +111,12 @@ pub fn reserve_attempts(
     for u in units {
         u.check()?;
     }
-    // Random ids are drawn before BEGIN so the write lock covers only SQL (STYLE §2).
+    // Random ids are drawn before BEGIN so the write lock covers only SQL.
     let dispatch_ids: Vec<String> = units.iter().map(|_| new_dispatch_id()).collect();
     store.write("reserving attempts", |tx| {
         tx.lock_run(run_id)?;
         let actor = leases::check(tx, run_id, fence, now_ms)?;
-        let state = run_state(tx, run_id)?;
-        if state.status != "active" {
-            return Err(LedgerError::RunNotActive {
-                run_id: run_id.to_owned(),
-                status: state.status,
-            });
-        }
+        run_state(tx, run_id)?.require_active(run_id)?;
         // One unit keeps the one-by-one statements: measured, the set-based statement's generic
         // plan for a single JSON row cost more than the two round trips it saves.
         if let Some(batch) = tx
@@ -162,7 +149,8 @@ fn opt_str(v: Option<&String>) -> Value {
     v.map_or(Value::Null, |s| Value::Str(s.clone()))
 }
 
-/// The batch path on PostgreSQL, where each statement is a round trip: the latest attempts of
+/// The batch path of a store that offers batch statements (one where each statement is a
+/// round trip): the latest attempts of
 /// all units in one read, reclaims one by one (rare), and every new attempt — unit projection,
 /// attempt row and `unit.started` event — in one set-based statement. Same rows, same events,
 /// same order as [`reserve_one`] per unit; the run's row lock (held) keeps the read valid.
@@ -183,7 +171,7 @@ fn reserve_set(
             (
                 r.get::<i64>(1)?,
                 r.get::<String>(2)?,
-                r.get::<String>(3)?,
+                r.get::<AttemptStatus>(3)?,
                 r.get::<Option<String>>(4)?,
                 r.get::<Option<String>>(5)?,
             ),
@@ -195,7 +183,7 @@ fn reserve_set(
     let mut rows = Vec::new();
     for (u, dispatch_id) in units.iter().zip(dispatch_ids) {
         let l = latest.get(&u.unit_id);
-        if let Some(l) = l.filter(|l| l.2 == "running") {
+        if let Some(l) = l.filter(|l| l.2 == AttemptStatus::Running) {
             out.push(reclaim(tx, run_id, u, l, actor.generation)?);
             continue;
         }
@@ -221,7 +209,7 @@ fn reserve_set(
         out.push(Reservation {
             run_id: run_id.to_owned(),
             unit_id: u.unit_id.clone(),
-            reclaimed: false,
+            kind: ReservationKind::Reserved,
             attempt,
             dispatch_id: dispatch_id.clone(),
             reclaims: 0,
@@ -237,7 +225,7 @@ fn reserve_set(
                 run_id,
                 json,
                 now_ms,
-                actor.kind,
+                actor.actor_type,
                 actor.id.as_deref(),
                 actor.generation
             ],
@@ -261,7 +249,10 @@ fn started_payload(run_id: &str, u: &UnitSpec, attempt: i64, dispatch_id: &str) 
         ("dispatch_id".into(), Value::Str(dispatch_id.to_owned())),
         ("phase".into(), Value::Str(u.phase.clone())),
         ("run_id".into(), Value::Str(run_id.to_owned())),
-        ("status".into(), Value::Str("running".into())),
+        (
+            "status".into(),
+            Value::Str(AttemptStatus::Running.as_str().into()),
+        ),
         ("step_id".into(), Value::Str(u.step_id.clone())),
         ("unit_id".into(), Value::Str(u.unit_id.clone())),
     ])
@@ -280,13 +271,13 @@ fn reserve_one(
             Ok((
                 r.get::<i64>(0)?,
                 r.get::<String>(1)?,
-                r.get::<String>(2)?,
+                r.get::<AttemptStatus>(2)?,
                 r.get::<Option<String>>(3)?,
                 r.get::<Option<String>>(4)?,
             ))
         })?;
     if let Some(l) = &latest {
-        if l.2 == "running" {
+        if l.2 == AttemptStatus::Running {
             return reclaim(tx, run_id, u, l, actor.generation);
         }
     }
@@ -331,7 +322,7 @@ fn reserve_one(
     Ok(Reservation {
         run_id: run_id.to_owned(),
         unit_id: u.unit_id.clone(),
-        reclaimed: false,
+        kind: ReservationKind::Reserved,
         attempt,
         dispatch_id: dispatch_id.to_owned(),
         reclaims: 0,
@@ -340,10 +331,10 @@ fn reserve_one(
 }
 
 /// The latest attempt of a unit: number, dispatch id, status, step, input hash.
-type Latest = (i64, String, String, Option<String>, Option<String>);
+type Latest = (i64, String, AttemptStatus, Option<String>, Option<String>);
 
-/// Hand a still-running attempt back in place (DESIGN §1.1): same number and dispatch id, one
-/// more reclaim, no event.
+/// Hand a still-running attempt back in place: same number and dispatch id, one more reclaim,
+/// no event (the attempt started once; a second `unit.started` would count it twice).
 fn reclaim(
     tx: &dyn Tx,
     run_id: &str,
@@ -387,7 +378,7 @@ fn reclaim(
     Ok(Reservation {
         run_id: run_id.to_owned(),
         unit_id: u.unit_id.clone(),
-        reclaimed: true,
+        kind: ReservationKind::Reclaimed,
         attempt: *attempt,
         dispatch_id: dispatch.clone(),
         reclaims,
@@ -432,7 +423,7 @@ pub fn finish_attempts(
 /// A finish's identity: run, unit, attempt, dispatch id.
 type Key = (String, String, i64, String);
 
-/// The batch path on PostgreSQL: the runs locked in sorted order (two batches over the same
+/// The batch path of a store that offers batch statements: the runs locked in sorted order (two batches over the same
 /// runs cannot deadlock), the fence checked per run, the still-running attempts among the
 /// finishes read in one statement, and every winning finish — attempt, unit projection and
 /// `unit.finished` event — written by one set-based statement. The first of two identical
@@ -524,7 +515,7 @@ fn finish_set(
             params![
                 json,
                 now_ms,
-                actor.kind,
+                actor.actor_type,
                 actor.id.as_deref(),
                 actor.generation
             ],
@@ -543,8 +534,9 @@ fn finish_set(
     Ok(out)
 }
 
-/// The `unit.finished` payload (as upstream, AK-06, AK-08): the reason only when there is one,
-/// tokens only when known; results and session ids stay out of the log.
+/// The `unit.finished` payload: the reason only when there is one, tokens only when known.
+/// Results and session ids stay out of the log: the attempt row holds them, and the log, which
+/// every watcher of the run reads, stays small and carries no agent's session.
 fn finished_payload(f: &FinishSpec, step_id: Option<String>, phase: String) -> Value {
     let mut payload = vec![
         ("attempt".into(), Value::Int(f.attempt)),
@@ -613,90 +605,4 @@ fn finish_one(tx: &dyn Tx, f: &FinishSpec, actor: &Actor<'_>, now_ms: i64) -> Re
     let payload = finished_payload(f, step_id, phase);
     events::append(tx, &f.run_id, "unit.finished", &payload, actor, now_ms)?;
     Ok(true)
-}
-
-/// Every attempt of a unit, oldest first.
-pub fn attempts(store: &mut dyn Store, run_id: &str, unit_id: &str) -> Result<Vec<Attempt>> {
-    store.read("listing attempts", |tx| {
-        tx.rows(&sql::LIST_ATTEMPTS_SQL, params![run_id, unit_id], |r| {
-            Ok(Attempt {
-                run_id: r.get(0)?,
-                unit_id: r.get(1)?,
-                attempt: r.get(2)?,
-                dispatch_id: r.get(3)?,
-                status: r.get(4)?,
-                phase: r.get(5)?,
-                holder: r.get(6)?,
-                lease_generation: r.get(7)?,
-                reclaims: r.get(8)?,
-                result: r.get::<Option<String>>(9)?.map(String::into_bytes),
-                tokens: r.get(10)?,
-                failure_reason: r.get(11)?,
-                started_at: r.get(12)?,
-                finished_at: r.get(13)?,
-            })
-        })
-    })
-}
-
-fn unit_from_row(r: &dyn crate::store::Row) -> crate::store::DbResult<Unit> {
-    Ok(Unit {
-        run_id: r.get(0)?,
-        unit_id: r.get(1)?,
-        step_id: r.get(2)?,
-        phase: r.get(3)?,
-        status: r.get(4)?,
-        attempts: r.get(5)?,
-        result: r.get::<Option<String>>(6)?.map(String::into_bytes),
-        tokens: r.get(7)?,
-        failure_reason: r.get(8)?,
-        claim_holder: r.get(9)?,
-    })
-}
-
-/// The run's unit projections in order of first reservation.
-pub fn units(store: &mut dyn Store, run_id: &str, step_id: Option<&str>) -> Result<Vec<Unit>> {
-    store.read("listing units", |tx| {
-        tx.rows(
-            &sql::LIST_UNITS_SQL,
-            params![run_id, step_id],
-            unit_from_row,
-        )
-    })
-}
-
-/// One unit projection.
-pub fn unit(store: &mut dyn Store, run_id: &str, unit_id: &str) -> Result<Option<Unit>> {
-    store.read("reading a unit", |tx| {
-        tx.row(&sql::GET_UNIT_SQL, params![run_id, unit_id], unit_from_row)
-    })
-}
-
-/// Attempt and token totals of a run.
-pub fn accounting(store: &mut dyn Store, run_id: &str) -> Result<Accounting> {
-    store.read("reading accounting", |tx| {
-        run_state(tx, run_id)?;
-        Ok(tx
-            .row(&sql::ACCOUNTING_SQL, params![run_id], |r| {
-                Ok(Accounting {
-                    total_attempts: r.get(0)?,
-                    total_tokens: r.get(1)?,
-                    dispatch_attempts: r.get(2)?,
-                    dispatch_tokens: r.get(3)?,
-                    gate_attempts: r.get(4)?,
-                    gate_tokens: r.get(5)?,
-                })
-            })?
-            .unwrap_or_default())
-    })
-}
-
-/// Attempts without their `unit.started` event (at most 100): a ledger written only by
-/// fencepost has none, whatever crashed; `fencepost doctor` reports any it finds.
-pub fn orphans(store: &mut dyn Store) -> Result<Vec<(String, String, i64, String)>> {
-    store.read("looking for orphan attempts", |tx| {
-        tx.rows(&sql::ORPHAN_ATTEMPTS_SQL, params![], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-        })
-    })
 }

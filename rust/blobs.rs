@@ -1,18 +1,11 @@
-//! Content-addressed JSON: `put` stores canonical bytes under `"sha256:" + hex(sha256(bytes))`
-//! (computed by the ledger, never taken from the caller) and is idempotent; `get` of an unknown
-//! digest is `NotFound`.
+//! Content-addressed JSON: canonical bytes stored under `"sha256:" + hex(sha256(bytes))`, the
+//! digest computed by the ledger before the transaction (never taken from the caller). Storing
+//! is idempotent (the same bytes have the same key); reading an unknown digest is `NotFound`.
 
-use crate::canonical::digest_bytes;
+use crate::canonical::Json;
 use crate::errors::{LedgerError, Result};
 use crate::params;
-use crate::store::{sql, Tx};
-
-/// Store canonical JSON bytes; returns the digest.
-pub fn put(tx: &dyn Tx, canonical: &[u8], now_ms: i64) -> Result<String> {
-    let digest = digest_bytes(canonical);
-    tx.exec_later(&sql::PUT_BLOB_SQL, params![digest, canonical, now_ms])?;
-    Ok(digest)
-}
+use crate::store::{sql, Store, Tx};
 
 /// Store canonical bytes whose digest was computed before the transaction began.
 pub fn put_digested(tx: &dyn Tx, digest: &str, canonical: &[u8], now_ms: i64) -> Result<()> {
@@ -42,13 +35,9 @@ pub fn get(tx: &dyn Tx, digest: &str) -> Result<Vec<u8>> {
         })
 }
 
-/// `put_json`: store canonical bytes (digested before the transaction) in their own
-/// transaction.
-pub fn put_json(
-    store: &mut dyn crate::store::Store,
-    json: &crate::runs::Json,
-    now_ms: i64,
-) -> Result<String> {
+/// `put_json`: store canonical JSON (digested before the transaction) in its own transaction;
+/// its digest.
+pub fn put_json(store: &mut dyn Store, json: &Json, now_ms: i64) -> Result<String> {
     store.write("storing a blob", |tx| {
         put_digested(tx, &json.digest, json.text.as_bytes(), now_ms)
     })?;
@@ -56,7 +45,7 @@ pub fn put_json(
 }
 
 /// `get_json`: the canonical bytes under `digest`.
-pub fn get_json(store: &mut dyn crate::store::Store, digest: &str) -> Result<Vec<u8>> {
+pub fn get_json(store: &mut dyn Store, digest: &str) -> Result<Vec<u8>> {
     check_digest("digest", digest)?;
     store.read("reading a blob", |tx| get(tx, digest))
 }

@@ -1,14 +1,22 @@
-//! RFC 8785 (JSON Canonicalization Scheme) over a small owned [`Value`] tree.
+//! RFC 8785 (JSON Canonicalization Scheme): canonical bytes and their `sha256:` digests.
 //!
-//! Guarantees (DESIGN §4 "Canonical JSON"):
-//! - object members are ordered by the UTF-16 code units of their keys (RFC 8785 §3.2.3);
-//! - numbers are written with ECMAScript `Number::toString` (RFC 8785 §3.2.2.3, via `ryu-js`);
-//! - strings use the minimal escapes of RFC 8785 §3.2.2.2 and are otherwise raw UTF-8;
+//! Every value this module writes has:
+//! - object members ordered by the UTF-16 code units of their keys (RFC 8785 §3.2.3);
+//! - numbers as ECMAScript `Number::toString` writes them (RFC 8785 §3.2.2.3, via `ryu-js`);
+//! - strings with the minimal escapes of RFC 8785 §3.2.2.2, otherwise raw UTF-8;
 //! - no whitespace.
 //!
-//! The tree is built by a front end (the Python walk in `py::convert`, or Rust callers) that
-//! enforces I-JSON limits; this module only orders and writes. It never touches Python, so the
-//! Python binding serializes and hashes with the interpreter detached.
+//! A value reaches the writer as a [`Doc`]: a flat pre-order tape of nodes plus one buffer
+//! holding every string's UTF-8. The Python walk (`py::convert`) fills the tape directly; Rust
+//! callers build the small owned [`Value`] tree and write it through a tape ([`to_vec`]). The tape itself refuses what a JSON number cannot hold exactly (integers outside
+//! ±(2^53−1), NaN and infinities: [`Doc::int`], [`Doc::float`]) and documents past its 32-bit
+//! offsets ([`Doc::check_size`]); the front end refuses what only it can see (non-string keys,
+//! cycles, nesting past [`MAX_DEPTH`], lone surrogates, unsupported types). Objects are sorted
+//! only when written, and a digest is hashed while it is written ([`Doc::digest`]).
+//!
+//! [`Json`] is canonical text with its digest, made before a transaction begins so that the
+//! write lock covers only SQL. Nothing here touches Python, so the binding serializes and
+//! hashes with the interpreter detached.
 
 use std::cell::Cell;
 use std::cmp::Ordering;
@@ -783,7 +791,8 @@ fn write_str(out: &mut Vec<u8>, s: &[u8], plain: bool) {
     out.push(b'"');
 }
 
-/// `"sha256:" + lowercase hex(SHA-256(bytes))`, the one textual digest form (`PRIOR_ART` C4.2).
+/// `"sha256:" + lowercase hex(SHA-256(bytes))`: the one textual form of a digest, so a digest
+/// computed anywhere (here, in Python, by a caller) compares equal as a string.
 pub fn digest_bytes(bytes: &[u8]) -> String {
     hex_digest(&Sha256::digest(bytes))
 }
@@ -799,9 +808,25 @@ fn hex_digest(hash: &[u8]) -> String {
     out
 }
 
-/// Canonicalize and hash in one call.
-pub fn digest(value: &Value) -> String {
-    digest_bytes(&to_vec(value))
+/// Canonical JSON as stored: the text and its digest, serialized and hashed before the
+/// transaction that stores it begins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Json {
+    /// The canonical text.
+    pub text: String,
+    /// `sha256:<hex>` of the text.
+    pub digest: String,
+}
+
+impl Json {
+    /// Wrap canonical bytes.
+    pub fn new(bytes: Vec<u8>) -> Self {
+        let digest = digest_bytes(&bytes);
+        Self {
+            text: into_text(bytes),
+            digest,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -905,7 +930,7 @@ mod tests {
     fn digests_with_prefix() {
         // sha256 of the two bytes `{}`.
         assert_eq!(
-            digest(&Value::Object(vec![])),
+            digest_bytes(&to_vec(&Value::Object(vec![]))),
             "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
         );
         let nested = Value::Array(vec![

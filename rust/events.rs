@@ -8,11 +8,12 @@ use crate::model::Event;
 use crate::params;
 use crate::store::{sql, Tx};
 
-/// Who wrote an event, for fenced writes.
+/// Who wrote an event, for fenced writes (the event's `actor_type`, `actor_id` and
+/// `generation`).
 #[derive(Debug, Clone, Default)]
 pub struct Actor<'a> {
-    /// `host`, `session`, `system`...
-    pub kind: Option<&'a str>,
+    /// `host` or `session`.
+    pub actor_type: Option<&'a str>,
     /// The actor's id (a fenced write's lease owner, read from the lease row).
     pub id: Option<String>,
     /// The lease generation of a fenced write.
@@ -26,7 +27,7 @@ pub struct Actor<'a> {
 pub fn append(
     tx: &dyn Tx,
     run_id: &str,
-    kind: &str,
+    event_type: &str,
     payload: &Value,
     actor: &Actor<'_>,
     now_ms: i64,
@@ -38,8 +39,8 @@ pub fn append(
         &sql::INSERT_EVENT_SQL,
         params![
             run_id,
-            kind,
-            actor.kind,
+            event_type,
+            actor.actor_type,
             actor.id.as_deref(),
             actor.generation,
             into_text(to_vec(payload)),
@@ -53,7 +54,7 @@ pub fn append(
 pub const MAX_PAGE: i64 = 10_000;
 
 /// Events after `after_seq`, optionally of one resource and of some types, oldest first.
-pub fn list(
+fn list(
     tx: &dyn Tx,
     resource: Option<&str>,
     after_seq: i64,
@@ -82,7 +83,7 @@ pub fn list(
                 seq: r.get(0)?,
                 resource_id: r.get(1)?,
                 revision: r.get(2)?,
-                kind: r.get(3)?,
+                event_type: r.get(3)?,
                 actor_type: r.get(4)?,
                 actor_id: r.get(5)?,
                 generation: r.get(6)?,
@@ -109,7 +110,7 @@ pub fn read(
     types: Option<&[String]>,
 ) -> Result<Vec<Event>> {
     // Every run's events: only below the horizon of the writers still in flight (PostgreSQL;
-    // read before the snapshot, see `sql::EVENT_HORIZON_SQL`). One run's events need none:
+    // read before the snapshot, see the horizon statement in `store::postgres::sql`). One run's events need none:
     // its writers hold the run's lock, so its `seq` order is its commit order.
     let horizon = match resource {
         None => store.event_horizon()?,

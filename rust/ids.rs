@@ -1,4 +1,5 @@
-//! Identifier rules (DESIGN §2): run ids, unit and step ids, generated UUIDs, claim tokens.
+//! Identifier rules: run ids, unit and step ids, text arguments, generated ids. (Claim tokens
+//! are the leases' business: [`crate::leases`].)
 //!
 //! - A run id is 1–128 characters of `[A-Za-z0-9._:-]`; generated ones are UUIDv7 so they sort
 //!   by creation time.

@@ -1,9 +1,12 @@
-//! Leases: claims fenced by generations (DESIGN §1.3, §4 "Queue and leases").
+//! Leases: at most one live owner per run, proved by generations. Every claim, heartbeat and
+//! release, and the fence check of every fenced write, lives here.
 //!
-//! One primitive serves every path (`PRIOR_ART` C1.3): a claim bumps the generation by
-//! compare-and-set and stores only the SHA-256 of a fresh token; every fenced write runs
+//! One primitive serves every path, so no path can skip it: a claim bumps the lease's
+//! generation by compare-and-set and stores only the SHA-256 of a fresh token; every fenced
+//! write (heartbeat, release, a status change, a step or attempt written under a claim) runs
 //! [`check`] inside its own transaction, so a holder whose lease moved on (taken over, released,
-//! re-claimed, or simply expired by the ledger's clock) writes nothing.
+//! re-claimed, or simply expired by the ledger's clock) writes nothing. Checking at every write,
+//! not only at claim time, is what stops a paused or partitioned old owner after a takeover.
 
 use crate::params;
 use sha2::{Digest as _, Sha256};
@@ -13,7 +16,8 @@ use crate::errors::{LedgerError, Result};
 use crate::events::{self, Actor};
 use crate::ids::check_name;
 use crate::model::{Claim, Lease};
-use crate::store::{sql, Tx};
+use crate::status::{run_state, RunStatus};
+use crate::store::{sql, Store, Tx};
 
 /// The longest lease a claim or heartbeat may ask for: one day. A longer lease is almost
 /// always a unit mistake (seconds for milliseconds), and a dead owner would block the run
@@ -167,12 +171,12 @@ pub fn check(
     if generation != fence.generation || token_hash.as_deref() != Some(&fence.token_hash) || !live {
         return Err(lost(generation));
     }
-    let kind = match owner_type.as_deref() {
+    let actor_type = match owner_type.as_deref() {
         Some("host") => Some("host"),
         _ => Some("session"),
     };
     Ok(Actor {
-        kind,
+        actor_type,
         id: owner_id,
         generation: Some(generation),
     })
@@ -201,21 +205,6 @@ fn lease_from_row(run_id: &str, r: &dyn crate::store::Row) -> crate::store::DbRe
         owner_type: r.get(2)?,
         expires_at: r.get(3)?,
         heartbeat_at: r.get(4)?,
-    })
-}
-
-/// Owned leases whose expiry has passed, on runs that are not terminal.
-pub fn expired(tx: &dyn Tx, now_ms: i64) -> Result<Vec<Lease>> {
-    tx.rows(&sql::EXPIRED_LEASES_SQL, params![now_ms], |r| {
-        let run_id: String = r.get(0)?;
-        Ok(Lease {
-            generation: r.get(1)?,
-            owner_id: r.get(2)?,
-            owner_type: r.get(3)?,
-            expires_at: r.get(4)?,
-            heartbeat_at: r.get(5)?,
-            run_id,
-        })
     })
 }
 
@@ -257,12 +246,13 @@ impl ClaimSpec {
 
 /// Claim the lease of a run known to exist and not be terminal, inside the caller's
 /// transaction. `None` while another owner's lease is unexpired. The same runner re-claiming
-/// its own live lease gets a new generation: its old token stops working (DESIGN §4).
+/// its own live lease gets a new generation too: processes can share a runner id, and the
+/// re-claim must cut off whichever of them held the old token, or both would keep writing.
 /// `status` is the run's status, moved from `queued` to `starting` by the claim.
-pub fn claim(
+pub(crate) fn claim_in(
     tx: &dyn Tx,
     run_id: &str,
-    status: &str,
+    status: RunStatus,
     spec: &ClaimSpec,
     now_ms: i64,
 ) -> Result<Option<Claim>> {
@@ -284,13 +274,13 @@ pub fn claim(
         return Ok(None);
     }
     let expires_at = now_ms.saturating_add(spec.lease_ms);
-    let kind = owner_type(&spec.runner_id);
+    let owner_type = owner_type(&spec.runner_id);
     let changed = tx.exec(
         &sql::CLAIM_SQL,
         params![
             run_id,
             current.generation,
-            kind,
+            owner_type,
             spec.runner_id,
             hash_token(&spec.token),
             now_ms,
@@ -306,12 +296,16 @@ pub fn claim(
         ("generation".into(), Value::Int(generation)),
         ("owner_id".into(), Value::Str(spec.runner_id.clone())),
     ];
-    if status == "queued" {
+    if status == RunStatus::Queued {
+        status.check_move(RunStatus::Starting)?;
         tx.exec_later(&sql::CLAIM_STARTING_SQL, params![run_id, now_ms])?;
-        payload.push(("status".into(), Value::Str("starting".into())));
+        payload.push((
+            "status".into(),
+            Value::Str(RunStatus::Starting.as_str().into()),
+        ));
     }
     let actor = Actor {
-        kind: Some(kind),
+        actor_type: Some(owner_type),
         id: Some(spec.runner_id.clone()),
         generation: Some(generation),
     };
@@ -346,47 +340,102 @@ fn fenced_write(fence: &Fence, changed: usize) -> Result<()> {
     }
 }
 
-/// Extend a live claim. No event: a heartbeat changes no state anyone reads back but the
-/// lease itself (and an event per heartbeat would flood the log of a long run).
-pub fn heartbeat(tx: &dyn Tx, fence: &Fence, lease_ms: i64, now_ms: i64) -> Result<Claim> {
-    let actor = check(tx, &fence.run_id, Some(fence), now_ms)?;
-    let expires_at = now_ms.saturating_add(lease_ms);
-    let changed = tx.exec(
-        &sql::HEARTBEAT_SQL,
-        params![
-            fence.run_id,
-            now_ms,
+/// Claim a run. `None` for a terminal run or while another owner's lease is unexpired.
+pub fn claim(
+    store: &mut dyn Store,
+    run_id: &str,
+    spec: &ClaimSpec,
+    now_ms: i64,
+) -> Result<Option<Claim>> {
+    store.write("claiming a run", |tx| {
+        tx.lock_run(run_id)?;
+        let state = run_state(tx, run_id)?;
+        if state.status.is_terminal() {
+            return Ok(None);
+        }
+        claim_in(tx, run_id, state.status, spec, now_ms)
+    })
+}
+
+/// Extend a live claim by `lease_ms` from now; the claim comes back with `token`. No event: a
+/// heartbeat changes no state anyone reads back but the lease itself (and an event per
+/// heartbeat would flood the log of a long run).
+pub fn heartbeat(
+    store: &mut dyn Store,
+    fence: &Fence,
+    token: &str,
+    lease_ms: i64,
+    now_ms: i64,
+) -> Result<Claim> {
+    check_lease_ms("lease_ms", lease_ms)?;
+    store.write("renewing a claim", |tx| {
+        tx.lock_run(&fence.run_id)?;
+        let actor = check(tx, &fence.run_id, Some(fence), now_ms)?;
+        let expires_at = now_ms.saturating_add(lease_ms);
+        let changed = tx.exec(
+            &sql::HEARTBEAT_SQL,
+            params![
+                fence.run_id,
+                now_ms,
+                expires_at,
+                fence.generation,
+                fence.token_hash
+            ],
+        )?;
+        fenced_write(fence, changed)?;
+        Ok(Claim {
+            run_id: fence.run_id.clone(),
+            generation: fence.generation,
+            token: token.to_owned(),
+            owner_id: actor.id.unwrap_or_default(),
             expires_at,
-            fence.generation,
-            fence.token_hash
-        ],
-    )?;
-    fenced_write(fence, changed)?;
-    Ok(Claim {
-        run_id: fence.run_id.clone(),
-        generation: fence.generation,
-        token: String::new(),
-        owner_id: actor.id.unwrap_or_default(),
-        expires_at,
+        })
     })
 }
 
 /// Give a live claim up: the owner is cleared, the generation kept, `lease.released` appended.
-pub fn release(tx: &dyn Tx, fence: &Fence, now_ms: i64) -> Result<()> {
-    let actor = check(tx, &fence.run_id, Some(fence), now_ms)?;
-    let changed = tx.exec(
-        &sql::RELEASE_SQL,
-        params![fence.run_id, fence.generation, fence.token_hash, now_ms],
-    )?;
-    fenced_write(fence, changed)?;
-    let payload = Value::Object(vec![("generation".into(), Value::Int(fence.generation))]);
-    events::append(
-        tx,
-        &fence.run_id,
-        "lease.released",
-        &payload,
-        &actor,
-        now_ms,
-    )?;
-    Ok(())
+pub fn release(store: &mut dyn Store, fence: &Fence, now_ms: i64) -> Result<()> {
+    store.write("releasing a claim", |tx| {
+        tx.lock_run(&fence.run_id)?;
+        let actor = check(tx, &fence.run_id, Some(fence), now_ms)?;
+        let changed = tx.exec(
+            &sql::RELEASE_SQL,
+            params![fence.run_id, fence.generation, fence.token_hash, now_ms],
+        )?;
+        fenced_write(fence, changed)?;
+        let payload = Value::Object(vec![("generation".into(), Value::Int(fence.generation))]);
+        events::append(
+            tx,
+            &fence.run_id,
+            "lease.released",
+            &payload,
+            &actor,
+            now_ms,
+        )
+    })
+}
+
+/// The lease of a run (generation 0 and no owner if never claimed).
+pub fn lease(store: &mut dyn Store, run_id: &str) -> Result<Lease> {
+    store.read("reading a lease", |tx| {
+        run_state(tx, run_id)?;
+        read(tx, run_id)
+    })
+}
+
+/// Owned leases past their expiry on runs that are not terminal, soonest-expired first.
+pub fn expired_leases(store: &mut dyn Store, now_ms: i64) -> Result<Vec<Lease>> {
+    store.read("listing expired leases", |tx| {
+        tx.rows(&sql::EXPIRED_LEASES_SQL, params![now_ms], |r| {
+            let run_id: String = r.get(0)?;
+            Ok(Lease {
+                generation: r.get(1)?,
+                owner_id: r.get(2)?,
+                owner_type: r.get(3)?,
+                expires_at: r.get(4)?,
+                heartbeat_at: r.get(5)?,
+                run_id,
+            })
+        })
+    })
 }

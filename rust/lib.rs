@@ -14,7 +14,11 @@ pub mod leases;
 pub mod model;
 pub mod queue;
 pub mod runs;
+pub mod status;
 pub mod store;
+
+#[cfg(test)]
+mod conformance;
 
 #[cfg(feature = "python")]
 pub mod py;

@@ -1,19 +1,24 @@
-//! Plain Rust records returned by the core operations. JSON fields carry canonical JSON bytes
-//! (decoded by the binding), times are epoch milliseconds.
+//! Plain Rust records returned by the core operations, with the fields (and field names) of
+//! the Python records they become. JSON fields carry canonical JSON bytes (decoded by the
+//! binding), times are epoch milliseconds, statuses are the enums of [`crate::status`].
 
-/// One run (DESIGN §8 `Run`).
+use crate::status::{AttemptStatus, RunStatus, StepStatus, UnitStatus};
+
+/// One run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Run {
     /// Run id.
     pub run_id: String,
     /// Workflow reference.
     pub workflow_ref: String,
-    /// Display name.
+    /// Display name: `reserve_run`'s `workflow_name`, or `start_run`'s `title` (default: the
+    /// ref). One concept under the Python API's two spellings; in Rust it is `workflow_name`
+    /// from the request on (only `NewRun::title` keeps the keyword's name).
     pub workflow_name: String,
     /// Scope key, if any.
     pub scope_key: Option<String>,
-    /// Lifecycle status (DESIGN §3).
-    pub status: String,
+    /// Lifecycle status.
+    pub status: RunStatus,
     /// The step in progress.
     pub current_step_id: Option<String>,
     /// Parent run of a child run.
@@ -52,7 +57,7 @@ pub struct Step {
     /// Position in the plan.
     pub sequence_index: i64,
     /// Status.
-    pub status: String,
+    pub status: StepStatus,
     /// Notes.
     pub notes: Option<String>,
     /// Canonical JSON evidence.
@@ -75,7 +80,7 @@ pub struct Unit {
     /// `unit` or `gate`.
     pub phase: String,
     /// Status of the latest attempt.
-    pub status: String,
+    pub status: UnitStatus,
     /// Number of the latest attempt.
     pub attempts: i64,
     /// Canonical JSON result.
@@ -100,7 +105,7 @@ pub struct Attempt {
     /// Dedupe key.
     pub dispatch_id: String,
     /// Status.
-    pub status: String,
+    pub status: AttemptStatus,
     /// `unit` or `gate`.
     pub phase: String,
     /// Holder.
@@ -128,8 +133,8 @@ pub struct Reservation {
     pub run_id: String,
     /// Unit id.
     pub unit_id: String,
-    /// True for a reclaim in place.
-    pub reclaimed: bool,
+    /// A new attempt, or the running one handed back in place.
+    pub kind: ReservationKind,
     /// Attempt number.
     pub attempt: i64,
     /// Dedupe key.
@@ -138,6 +143,27 @@ pub struct Reservation {
     pub reclaims: i64,
     /// Lease generation.
     pub lease_generation: Option<i64>,
+}
+
+/// What a reservation did (Python's `Reservation.kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReservationKind {
+    /// A new attempt, with a fresh dispatch id and a `unit.started` event.
+    Reserved,
+    /// The latest attempt, still running, handed back in place: same number and dispatch id,
+    /// no event.
+    Reclaimed,
+}
+
+impl ReservationKind {
+    /// `reserved` or `reclaimed`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Reserved => "reserved",
+            Self::Reclaimed => "reclaimed",
+        }
+    }
 }
 
 /// Attempt and token totals.
@@ -166,8 +192,9 @@ pub struct Event {
     pub resource_id: String,
     /// The resource's revision it recorded.
     pub revision: i64,
-    /// Event type.
-    pub kind: String,
+    /// Event type (`run.started`, `unit.finished`, ...): the `type` column, Python's
+    /// `Event.type`.
+    pub event_type: String,
     /// Actor type.
     pub actor_type: Option<String>,
     /// Actor id.

@@ -1,26 +1,29 @@
-//! The run queue: reserving runs for a controller, preparing or adopting them atomically,
-//! claims, heartbeats, releases and fenced status changes (DESIGN §3, §4 "Queue and leases").
+//! The run queue: reserving runs for a controller, preparing or adopting them atomically, and
+//! continuing a parked run with a new one. Claims, heartbeats and releases are in
+//! [`crate::leases`]; status changes in [`crate::runs`].
 //!
-//! Every operation is one IMMEDIATE transaction. Digests are always recomputed from the
-//! values the caller passes, never taken on trust (`PRIOR_ART` C3.1a); a refused operation rolls
-//! back, so a `ContinuationRefused` or `PreparationConflict` leaves nothing behind.
+//! Every operation is one transaction. Digests are always recomputed from the values the caller
+//! passes, never taken on trust: a caller's digest that disagreed with its definition would
+//! register one definition under another's name. A refused operation rolls back, so a
+//! `ContinuationRefused` or `PreparationConflict` leaves nothing behind.
 
 use crate::params;
 
 use crate::blobs;
-use crate::canonical::Value;
+use crate::canonical::{Json, Value};
 use crate::errors::{LedgerError, Result};
 use crate::events::{self, Actor};
 use crate::ids::{check_name, check_run_id};
-use crate::leases::{self, ClaimSpec, Fence};
-use crate::model::{Claim, Lease, Run};
-use crate::runs::{self, Json};
+use crate::leases::{self, ClaimSpec};
+use crate::model::{Claim, Run};
+use crate::runs;
+use crate::status::RunStatus;
 use crate::store::{sql, Store, Tx};
 
 /// `reserve_run`'s arguments, canonicalized before the transaction.
 #[derive(Debug, Clone)]
 pub struct NewQueuedRun {
-    /// The run id (DESIGN §2 rules).
+    /// The run id (the rules of [`check_run_id`]).
     pub run_id: String,
     /// Display name.
     pub workflow_name: String,
@@ -74,12 +77,6 @@ impl NewQueuedRun {
     }
 }
 
-const TERMINAL: [&str; 3] = ["completed", "failed", "cancelled"];
-
-fn is_terminal(status: &str) -> bool {
-    TERMINAL.contains(&status)
-}
-
 /// Refuse or accept the continuation of `parent`; a parked parent with no live owner becomes
 /// `completed` with `run.continued`.
 fn continue_parent(tx: &dyn Tx, req: &NewQueuedRun, parent: &str, now_ms: i64) -> Result<()> {
@@ -89,7 +86,7 @@ fn continue_parent(tx: &dyn Tx, req: &NewQueuedRun, parent: &str, now_ms: i64) -
     };
     tx.lock_run(parent)?;
     let Some((status, origin)) = tx.row(&sql::CONTINUATION_PARENT_SQL, params![parent], |r| {
-        Ok((r.get::<String>(0)?, r.get::<Option<String>>(1)?))
+        Ok((r.get::<RunStatus>(0)?, r.get::<Option<String>>(1)?))
     })?
     else {
         return Err(refused(format!("run {parent:?} does not exist")));
@@ -107,12 +104,13 @@ fn continue_parent(tx: &dyn Tx, req: &NewQueuedRun, parent: &str, now_ms: i64) -
             "run {parent:?} already has a continuation, {existing:?}"
         )));
     }
-    if status != "parked" {
+    if status != RunStatus::Parked {
         return Err(refused(format!(
             "run {parent:?} is {status}; only a parked run can be continued"
         )));
     }
-    // An expired owner does not block (PRIOR_ART C6.2): it can no longer write anyway.
+    // An expired owner does not block: every write it could still try fails the fence check,
+    // and waiting for it to release would strand the continuation behind a crashed process.
     let lease = leases::read(tx, parent)?;
     let live = lease.owner_id.is_some() && lease.expires_at.is_some_and(|e| e > now_ms);
     if live {
@@ -121,14 +119,18 @@ fn continue_parent(tx: &dyn Tx, req: &NewQueuedRun, parent: &str, now_ms: i64) -
             lease.owner_id.unwrap_or_default()
         )));
     }
+    // The move is the continuation's own, recorded as `run.continued` naming the new run
+    // rather than as a plain `run.status`.
+    let to = RunStatus::Completed;
+    status.check_move(to)?;
     tx.exec_later(
         &sql::SET_RUN_STATUS_SQL,
-        params![parent, "completed", Option::<&str>::None, now_ms],
+        params![parent, to, Option::<&str>::None, now_ms],
     )?;
     let payload = Value::Object(vec![
         ("continuation_run_id".into(), Value::Str(req.run_id.clone())),
-        ("from".into(), Value::Str("parked".into())),
-        ("to".into(), Value::Str("completed".into())),
+        ("from".into(), Value::Str(status.as_str().into())),
+        ("to".into(), Value::Str(to.as_str().into())),
     ]);
     events::append(
         tx,
@@ -192,10 +194,13 @@ fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
             "definition_digest".into(),
             Value::Str(req.definition.digest.clone()),
         ),
-        ("status".into(), Value::Str("queued".into())),
+        (
+            "status".into(),
+            Value::Str(RunStatus::Queued.as_str().into()),
+        ),
     ]);
     let actor = Actor {
-        kind: Some("session"),
+        actor_type: Some("session"),
         id: Some(req.origin_session_id.clone()),
         generation: None,
     };
@@ -212,9 +217,9 @@ pub fn reserve_run(store: &mut dyn Store, req: &NewQueuedRun, now_ms: i64) -> Re
     })
 }
 
-/// What `prepare_or_adopt` answers.
+/// What `prepare_or_adopt` answers (Python's `Preparation`).
 #[derive(Debug, Clone)]
-pub struct Prepared {
+pub struct Preparation {
     /// `claimed` or `adopted`.
     pub state: &'static str,
     /// The run as it stands after the call.
@@ -224,21 +229,15 @@ pub struct Prepared {
 }
 
 /// The fields that differ between a stored run and a request, in a fixed order.
-fn differences(tx: &dyn Tx, req: &NewQueuedRun) -> Result<Option<(Vec<String>, String)>> {
+fn differences(tx: &dyn Tx, req: &NewQueuedRun) -> Result<Option<(Vec<String>, RunStatus)>> {
     let row = tx.row(&sql::PREPARATION_SQL, params![&req.run_id], |r| {
-        Ok([
-            r.get::<Option<String>>(0)?,
-            r.get::<Option<String>>(1)?,
-            r.get::<Option<String>>(2)?,
-            r.get::<Option<String>>(3)?,
-            r.get::<Option<String>>(4)?,
-            r.get::<Option<String>>(5)?,
-            r.get::<Option<String>>(6)?,
-            r.get::<Option<String>>(7)?,
-            r.get::<Option<String>>(8)?,
-        ])
+        let mut stored: [Option<String>; 8] = Default::default();
+        for (i, field) in stored.iter_mut().enumerate() {
+            *field = r.get(i)?;
+        }
+        Ok((stored, r.get::<RunStatus>(8)?))
     })?;
-    let Some(stored) = row else {
+    let Some((stored, status)) = row else {
         return Ok(None);
     };
     let wanted: [(&str, Option<&str>); 8] = [
@@ -257,8 +256,7 @@ fn differences(tx: &dyn Tx, req: &NewQueuedRun) -> Result<Option<(Vec<String>, S
         .filter(|((_, want), have)| *want != have.as_deref())
         .map(|((name, _), _)| (*name).to_owned())
         .collect();
-    let [.., status] = stored;
-    Ok(Some((fields, status.unwrap_or_default())))
+    Ok(Some((fields, status)))
 }
 
 /// Adopt the run if it exists with exactly these inputs (no writes at all), refuse it if it
@@ -268,7 +266,7 @@ pub fn prepare_or_adopt(
     req: &NewQueuedRun,
     spec: &ClaimSpec,
     now_ms: i64,
-) -> Result<Prepared> {
+) -> Result<Preparation> {
     req.check()?;
     store.write("preparing a run", |tx| {
         tx.lock_run(&req.run_id)?;
@@ -279,143 +277,28 @@ pub fn prepare_or_adopt(
                     fields,
                 });
             }
-            if is_terminal(&status) {
+            if status.is_terminal() {
                 return Err(LedgerError::RunNotActive {
                     run_id: req.run_id.clone(),
-                    status,
+                    status: status.as_str().to_owned(),
                 });
             }
-            return Ok(Prepared {
+            return Ok(Preparation {
                 state: "adopted",
                 run: runs::must_read_run(tx, &req.run_id)?,
                 claim: None,
             });
         }
         reserve_in(tx, req, now_ms)?;
-        let claim = leases::claim(tx, &req.run_id, "queued", spec, now_ms)?.ok_or_else(|| {
-            LedgerError::StoreError {
+        let claim = leases::claim_in(tx, &req.run_id, RunStatus::Queued, spec, now_ms)?
+            .ok_or_else(|| LedgerError::StoreError {
                 operation: "preparing a run".into(),
                 message: format!("run {:?} was reserved but could not be claimed", req.run_id),
-            }
-        })?;
-        Ok(Prepared {
+            })?;
+        Ok(Preparation {
             state: "claimed",
             run: runs::must_read_run(tx, &req.run_id)?,
             claim: Some(claim),
         })
     })
-}
-
-/// Claim a run. `None` for a terminal run or while another owner's lease is unexpired.
-pub fn claim(
-    store: &mut dyn Store,
-    run_id: &str,
-    spec: &ClaimSpec,
-    now_ms: i64,
-) -> Result<Option<Claim>> {
-    store.write("claiming a run", |tx| {
-        tx.lock_run(run_id)?;
-        let state = runs::run_state(tx, run_id)?;
-        if is_terminal(&state.status) {
-            return Ok(None);
-        }
-        leases::claim(tx, run_id, &state.status, spec, now_ms)
-    })
-}
-
-/// Extend a live claim by `lease_ms` from now.
-pub fn heartbeat(
-    store: &mut dyn Store,
-    fence: &Fence,
-    token: &str,
-    lease_ms: i64,
-    now_ms: i64,
-) -> Result<Claim> {
-    leases::check_lease_ms("lease_ms", lease_ms)?;
-    store.write("renewing a claim", |tx| {
-        tx.lock_run(&fence.run_id)?;
-        let mut claim = leases::heartbeat(tx, fence, lease_ms, now_ms)?;
-        token.clone_into(&mut claim.token);
-        Ok(claim)
-    })
-}
-
-/// Give a live claim up.
-pub fn release(store: &mut dyn Store, fence: &Fence, now_ms: i64) -> Result<()> {
-    store.write("releasing a claim", |tx| {
-        tx.lock_run(&fence.run_id)?;
-        leases::release(tx, fence, now_ms)
-    })
-}
-
-/// The lifecycle of DESIGN §3: which status may follow which.
-fn allowed(from: &str, to: &str) -> bool {
-    match from {
-        "queued" => matches!(to, "starting" | "cancelled" | "failed"),
-        "starting" => matches!(to, "active" | "cancelled" | "failed"),
-        "active" => matches!(
-            to,
-            "blocked" | "parked" | "completed" | "cancelled" | "failed"
-        ),
-        "blocked" => matches!(to, "active" | "cancelled" | "failed"),
-        "parked" => matches!(to, "completed" | "cancelled" | "failed"),
-        _ => false,
-    }
-}
-
-const STATUSES: [&str; 8] = [
-    "queued",
-    "starting",
-    "active",
-    "blocked",
-    "parked",
-    "completed",
-    "failed",
-    "cancelled",
-];
-
-/// Move a claimed run along its lifecycle, fenced by the claim.
-pub fn set_status(
-    store: &mut dyn Store,
-    run_id: &str,
-    status: &str,
-    fence: &Fence,
-    now_ms: i64,
-) -> Result<Run> {
-    if !STATUSES.contains(&status) {
-        return Err(LedgerError::invalid(
-            "status",
-            format!("must be one of {}, not {status:?}", STATUSES.join(", ")),
-        ));
-    }
-    store.write("changing a run's status", |tx| {
-        tx.lock_run(run_id)?;
-        let actor = leases::check(tx, run_id, Some(fence), now_ms)?;
-        let state = runs::run_state(tx, run_id)?;
-        if !allowed(&state.status, status) {
-            return Err(LedgerError::invalid(
-                "status",
-                format!(
-                    "a run cannot go from {} to {status} (DESIGN §3 lifecycle)",
-                    state.status
-                ),
-            ));
-        }
-        let step = state.current_step_id.clone();
-        runs::transition(tx, run_id, &state, status, step.as_deref(), &actor, now_ms)?;
-        runs::must_read_run(tx, run_id)
-    })
-}
-
-/// The lease of a run (generation 0 and no owner if never claimed).
-pub fn lease(store: &mut dyn Store, run_id: &str) -> Result<Lease> {
-    store.read("reading a lease", |tx| {
-        runs::run_state(tx, run_id)?;
-        leases::read(tx, run_id)
-    })
-}
-
-/// Owned leases past their expiry on runs that are not terminal, soonest-expired first.
-pub fn expired_leases(store: &mut dyn Store, now_ms: i64) -> Result<Vec<Lease>> {
-    store.read("listing expired leases", |tx| leases::expired(tx, now_ms))
 }

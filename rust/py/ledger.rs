@@ -11,15 +11,14 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::attempts::{self, FinishSpec, UnitSpec};
-use crate::canonical::Doc;
+use crate::canonical::{Doc, Json};
 use crate::errors::{LedgerError, Result};
-use crate::leases::ClaimSpec;
-use crate::leases::Fence;
+use crate::leases::{self, ClaimSpec, Fence};
 use crate::model::{Attempt, Claim, Event, Lease, Run, Step, Unit};
 use crate::py::errors::to_pyerr;
 use crate::py::read_doc;
 use crate::queue::{self, NewQueuedRun};
-use crate::runs::{self, ChildRun, Json, NewRun, RunFilter, StepResult, StepSpec};
+use crate::runs::{self, ChildRun, NewRun, RunFilter, StepResult, StepSpec};
 use crate::store::{Durability, OpenOptions, Store};
 use crate::{blobs, events};
 
@@ -420,7 +419,7 @@ macro_rules! tuple {
 fn run_tuple(py: Python<'_>, r: Run) -> PyResult<Bound<'_, PyTuple>> {
     let params = bytes_or_none(py, r.params.as_deref());
     let outputs = bytes_or_none(py, r.outputs.as_deref());
-    tuple!(py; r.run_id, r.workflow_ref, r.workflow_name, r.scope_key, r.status, r.current_step_id,
+    tuple!(py; r.run_id, r.workflow_ref, r.workflow_name, r.scope_key, r.status.as_str(), r.current_step_id,
         r.parent_run_id, r.parent_unit_id, r.invocation_key, r.origin_session_id, params, outputs,
         r.revision, r.created_at, r.updated_at, r.completed_at)
 }
@@ -438,37 +437,36 @@ fn runs_list(py: Python<'_>, runs: Vec<Run>) -> PyResult<Vec<Bound<'_, PyTuple>>
 
 fn step_tuple(py: Python<'_>, s: Step) -> PyResult<Bound<'_, PyTuple>> {
     let evidence = bytes_or_none(py, s.evidence.as_deref());
-    tuple!(py; s.run_id, s.step_id, s.title, s.instructions, s.sequence_index, s.status, s.notes,
+    tuple!(py; s.run_id, s.step_id, s.title, s.instructions, s.sequence_index, s.status.as_str(), s.notes,
         evidence, s.summary, s.completed_at)
 }
 
 fn unit_tuple(py: Python<'_>, u: Unit) -> PyResult<Bound<'_, PyTuple>> {
     let result = bytes_or_none(py, u.result.as_deref());
-    tuple!(py; u.run_id, u.unit_id, u.step_id, u.phase, u.status, u.attempts, result, u.tokens,
+    tuple!(py; u.run_id, u.unit_id, u.step_id, u.phase, u.status.as_str(), u.attempts, result, u.tokens,
         u.failure_reason, u.claim_holder)
 }
 
 fn attempt_tuple(py: Python<'_>, a: Attempt) -> PyResult<Bound<'_, PyTuple>> {
     let result = bytes_or_none(py, a.result.as_deref());
-    tuple!(py; a.run_id, a.unit_id, a.attempt, a.dispatch_id, a.status, a.phase, a.holder,
+    tuple!(py; a.run_id, a.unit_id, a.attempt, a.dispatch_id, a.status.as_str(), a.phase, a.holder,
         a.lease_generation, a.reclaims, result, a.tokens, a.failure_reason, a.started_at,
         a.finished_at)
 }
 
 fn event_tuple(py: Python<'_>, e: Event) -> PyResult<Bound<'_, PyTuple>> {
     let payload = PyBytes::new(py, &e.payload);
-    tuple!(py; e.seq, e.resource_id, e.revision, e.kind, e.actor_type, e.actor_id, e.generation,
+    tuple!(py; e.seq, e.resource_id, e.revision, e.event_type, e.actor_type, e.actor_id, e.generation,
         payload, e.ts)
 }
 
 type ReservationTuple = (String, String, &'static str, i64, String, i64, Option<i64>);
 
 fn reservation_tuple(r: crate::model::Reservation) -> ReservationTuple {
-    let kind = if r.reclaimed { "reclaimed" } else { "reserved" };
     (
         r.run_id,
         r.unit_id,
-        kind,
+        r.kind.as_str(),
         r.attempt,
         r.dispatch_id,
         r.reclaims,
@@ -502,7 +500,7 @@ impl PyLedger {
                 ),
             )
         })?;
-        crate::leases::check_clock_ms(now).map_err(|e| to_pyerr(py, e))?;
+        leases::check_clock_ms(now).map_err(|e| to_pyerr(py, e))?;
         Ok(now)
     }
 
@@ -1159,7 +1157,7 @@ impl PyLedger {
         let token = opt_text(token, "token")?;
         let claim = self.run(py, move |s, now| {
             let spec = ClaimSpec::new(runner_id, lease_ms, token, "token")?;
-            queue::claim(s, &run_id, &spec, now)
+            leases::claim(s, &run_id, &spec, now)
         })?;
         Ok(claim.map(claim_tuple))
     }
@@ -1173,14 +1171,14 @@ impl PyLedger {
         let (fence, token) = claim_arg(claim)?;
         let lease_ms = int(lease_ms, "lease_ms")?;
         let claim = self.run(py, move |s, now| {
-            queue::heartbeat(s, &fence, &token, lease_ms, now)
+            leases::heartbeat(s, &fence, &token, lease_ms, now)
         })?;
         Ok(claim_tuple(claim))
     }
 
     fn release(&self, py: Python<'_>, claim: &Bound<'_, PyAny>) -> PyResult<()> {
         let (fence, _) = claim_arg(claim)?;
-        self.run(py, move |s, now| queue::release(s, &fence, now))
+        self.run(py, move |s, now| leases::release(s, &fence, now))
     }
 
     fn set_status<'py>(
@@ -1194,19 +1192,19 @@ impl PyLedger {
         let status = text(status, "status")?;
         let (fence, _) = claim_arg(claim)?;
         let run = self.run(py, move |s, now| {
-            queue::set_status(s, &run_id, &status, &fence, now)
+            runs::set_status(s, &run_id, &status, &fence, now)
         })?;
         run_tuple(py, run)
     }
 
     fn lease(&self, py: Python<'_>, run_id: &Bound<'_, PyAny>) -> PyResult<LeaseTuple> {
         let run_id = text(run_id, "run_id")?;
-        let lease = self.run(py, move |s, _| queue::lease(s, &run_id))?;
+        let lease = self.run(py, move |s, _| leases::lease(s, &run_id))?;
         Ok(lease_tuple(lease))
     }
 
     fn expired_leases(&self, py: Python<'_>) -> PyResult<Vec<LeaseTuple>> {
-        let leases = self.run(py, queue::expired_leases)?;
+        let leases = self.run(py, leases::expired_leases)?;
         Ok(leases.into_iter().map(lease_tuple).collect())
     }
 

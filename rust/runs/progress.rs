@@ -1,0 +1,276 @@
+//! A run's progress: completing steps, every move of its status, and its outputs.
+//!
+//! Every status change goes through [`transition`], which checks the move against the
+//! lifecycle ([`RunStatus::check_move`]), bumps the revision and appends `run.status`; terminal
+//! runs are never revived. Each operation refuses the moves it does not make with its own error
+//! first (`RunNotActive` for `block_run` and `resume_run`), so only `set_status`, which offers
+//! every move, reports the lifecycle's refusal.
+
+use crate::params;
+
+use crate::blobs;
+use crate::canonical::{Json, Value};
+use crate::errors::{LedgerError, Result};
+use crate::events::{self, Actor};
+use crate::leases::{self, Fence};
+use crate::model::Run;
+use crate::runs::create::guard_error;
+use crate::runs::read::must_read_run;
+use crate::status::{run_state, RunState, RunStatus, StepStatus};
+use crate::store::{sql, Store, Tx};
+
+/// Change a run's status, bump its revision and append `run.status`: the one path every plain
+/// status change takes. The move is checked against the lifecycle first; a move into `active`
+/// that would break the scope guard fails at the guard's index.
+pub(crate) fn transition(
+    tx: &dyn Tx,
+    run_id: &str,
+    state: &RunState,
+    to: RunStatus,
+    current_step: Option<&str>,
+    actor: &Actor<'_>,
+    now_ms: i64,
+) -> Result<()> {
+    state.status.check_move(to)?;
+    if let Err(e) = tx.exec_raw(
+        &sql::SET_RUN_STATUS_SQL,
+        params![run_id, to, current_step, now_ms],
+    ) {
+        return Err(guard_error(
+            tx,
+            &e,
+            state.scope_key.as_deref(),
+            &state.workflow_ref,
+        ));
+    }
+    let payload = Value::Object(vec![
+        ("from".into(), Value::Str(state.status.as_str().into())),
+        ("run_id".into(), Value::Str(run_id.to_owned())),
+        ("to".into(), Value::Str(to.as_str().into())),
+    ]);
+    events::append(tx, run_id, "run.status", &payload, actor, now_ms)?;
+    Ok(())
+}
+
+/// `complete_step`'s arguments.
+#[derive(Debug, Clone, Default)]
+pub struct StepResult {
+    /// `completed`, `skipped`, `blocked` or `failed`.
+    pub status: String,
+    /// Notes.
+    pub notes: Option<String>,
+    /// Canonical JSON evidence.
+    pub evidence: Option<String>,
+    /// Summary.
+    pub summary: Option<String>,
+}
+
+/// Finish the run's current step and advance (or block, or complete the run).
+pub fn complete_step(
+    store: &mut dyn Store,
+    run_id: &str,
+    step_id: &str,
+    result: &StepResult,
+    fence: Option<&Fence>,
+    now_ms: i64,
+) -> Result<Run> {
+    let status = StepStatus::parse_result(&result.status)?;
+    store.write("completing a step", |tx| {
+        tx.lock_run(run_id)?;
+        let actor = leases::check(tx, run_id, fence, now_ms)?;
+        let state = run_state(tx, run_id)?;
+        state.require_active(run_id)?;
+        let seq: i64 = tx
+            .row(&sql::STEP_STATUS_SQL, params![run_id, step_id], |r| {
+                r.get(1)
+            })?
+            .ok_or_else(|| LedgerError::NotFound {
+                kind: "step",
+                key: step_id.to_owned(),
+            })?;
+        if state.current_step_id.as_deref() != Some(step_id) {
+            return Err(LedgerError::invalid(
+                "step_id",
+                format!(
+                    "{step_id:?} is not the current step of run {run_id:?}; the current step is \
+                     {:?}",
+                    state.current_step_id.as_deref().unwrap_or("none")
+                ),
+            ));
+        }
+        let completed_at = (status != StepStatus::Blocked).then_some(now_ms);
+        tx.exec_later(
+            &sql::COMPLETE_STEP_SQL,
+            params![
+                run_id,
+                step_id,
+                status,
+                result.notes,
+                result.evidence,
+                result.summary,
+                completed_at
+            ],
+        )?;
+        let payload = Value::Object(vec![
+            ("run_id".into(), Value::Str(run_id.to_owned())),
+            ("status".into(), Value::Str(status.as_str().into())),
+            ("step_id".into(), Value::Str(step_id.to_owned())),
+        ]);
+        events::append(tx, run_id, "step.completed", &payload, &actor, now_ms)?;
+        if !status.advances() {
+            let to = RunStatus::Blocked;
+            transition(tx, run_id, &state, to, Some(step_id), &actor, now_ms)?;
+            return must_read_run(tx, run_id);
+        }
+        let next: Option<String> =
+            tx.row(&sql::NEXT_STEP_SQL, params![run_id, seq], |r| r.get(0))?;
+        if let Some(next) = next {
+            // The run stays `active` on its next step: no status change, so no `run.status`
+            // (the `step.completed` above is the event of this revision).
+            tx.exec_later(&sql::ACTIVATE_STEP_SQL, params![run_id, next])?;
+            tx.exec_later(
+                &sql::SET_RUN_STATUS_SQL,
+                params![run_id, RunStatus::Active, next, now_ms],
+            )?;
+        } else {
+            transition(
+                tx,
+                run_id,
+                &state,
+                RunStatus::Completed,
+                None,
+                &actor,
+                now_ms,
+            )?;
+        }
+        must_read_run(tx, run_id)
+    })
+}
+
+/// `active` -> `blocked`, marking the current step blocked; any other status is
+/// `RunNotActive`.
+pub fn block_run(
+    store: &mut dyn Store,
+    run_id: &str,
+    notes: Option<&str>,
+    now_ms: i64,
+) -> Result<Run> {
+    store.write("blocking a run", |tx| {
+        tx.lock_run(run_id)?;
+        let state = run_state(tx, run_id)?;
+        state.require_active(run_id)?;
+        let current = state.current_step_id.as_deref();
+        if let Some(step) = current {
+            tx.exec_later(&sql::BLOCK_STEP_SQL, params![run_id, step, notes])?;
+        }
+        let actor = Actor::default();
+        transition(
+            tx,
+            run_id,
+            &state,
+            RunStatus::Blocked,
+            current,
+            &actor,
+            now_ms,
+        )?;
+        must_read_run(tx, run_id)
+    })
+}
+
+/// `blocked` -> `active`, reopening the current step; an active run is returned unchanged, any
+/// other status is `RunNotActive`.
+pub fn resume_run(store: &mut dyn Store, run_id: &str, now_ms: i64) -> Result<Run> {
+    store.write("resuming a run", |tx| {
+        tx.lock_run(run_id)?;
+        let state = run_state(tx, run_id)?;
+        match state.status {
+            RunStatus::Active => return must_read_run(tx, run_id),
+            RunStatus::Blocked => {}
+            other => {
+                return Err(LedgerError::RunNotActive {
+                    run_id: run_id.to_owned(),
+                    status: other.as_str().to_owned(),
+                })
+            }
+        }
+        let current = state.current_step_id.as_deref();
+        if let Some(step) = current {
+            tx.exec_later(&sql::REOPEN_STEP_SQL, params![run_id, step])?;
+        }
+        let actor = Actor::default();
+        transition(
+            tx,
+            run_id,
+            &state,
+            RunStatus::Active,
+            current,
+            &actor,
+            now_ms,
+        )?;
+        must_read_run(tx, run_id)
+    })
+}
+
+/// Cancel a non-terminal run; `false` when it was terminal already.
+pub fn abandon_run(store: &mut dyn Store, run_id: &str, now_ms: i64) -> Result<bool> {
+    store.write("abandoning a run", |tx| {
+        tx.lock_run(run_id)?;
+        let state = run_state(tx, run_id)?;
+        if state.status.is_terminal() {
+            return Ok(false);
+        }
+        let current = state.current_step_id.as_deref();
+        let actor = Actor::default();
+        transition(
+            tx,
+            run_id,
+            &state,
+            RunStatus::Cancelled,
+            current,
+            &actor,
+            now_ms,
+        )?;
+        Ok(true)
+    })
+}
+
+/// Move a claimed run along its lifecycle, fenced by the claim: the controller's status change,
+/// and the one operation that offers every move of the lifecycle.
+pub fn set_status(
+    store: &mut dyn Store,
+    run_id: &str,
+    status: &str,
+    fence: &Fence,
+    now_ms: i64,
+) -> Result<Run> {
+    let to = RunStatus::parse_argument("status", status)?;
+    store.write("changing a run's status", |tx| {
+        tx.lock_run(run_id)?;
+        let actor = leases::check(tx, run_id, Some(fence), now_ms)?;
+        let state = run_state(tx, run_id)?;
+        let current = state.current_step_id.as_deref();
+        transition(tx, run_id, &state, to, current, &actor, now_ms)?;
+        must_read_run(tx, run_id)
+    })
+}
+
+/// Record the run's outputs.
+pub fn set_outputs(
+    store: &mut dyn Store,
+    run_id: &str,
+    outputs: &Json,
+    fence: Option<&Fence>,
+    now_ms: i64,
+) -> Result<()> {
+    store.write("setting outputs", |tx| {
+        tx.lock_run(run_id)?;
+        leases::check(tx, run_id, fence, now_ms)?;
+        run_state(tx, run_id)?;
+        blobs::put_digested(tx, &outputs.digest, outputs.text.as_bytes(), now_ms)?;
+        tx.exec_later(
+            &sql::SET_OUTPUTS_SQL,
+            params![run_id, outputs.digest, now_ms],
+        )?;
+        Ok(())
+    })
+}

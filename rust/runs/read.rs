@@ -1,0 +1,196 @@
+//! Reading runs and steps: by id or id prefix, listed, found by scope, and the row helpers
+//! the other run operations share.
+
+use crate::params;
+
+use crate::errors::{LedgerError, Result};
+use crate::events::json_array;
+use crate::model::{Run, Step};
+use crate::status::run_state;
+use crate::store::{sql, DbResult, Row, Store, Tx};
+
+fn run_from_row(r: &dyn Row) -> DbResult<Run> {
+    Ok(Run {
+        run_id: r.get(0)?,
+        workflow_ref: r.get(1)?,
+        workflow_name: r.get(2)?,
+        scope_key: r.get(3)?,
+        status: r.get(4)?,
+        current_step_id: r.get(5)?,
+        parent_run_id: r.get(6)?,
+        parent_unit_id: r.get(7)?,
+        invocation_key: r.get(8)?,
+        origin_session_id: r.get(9)?,
+        params: r.get(10)?,
+        outputs: r.get(11)?,
+        revision: r.get(12)?,
+        created_at: r.get(13)?,
+        updated_at: r.get(14)?,
+        completed_at: r.get(15)?,
+    })
+}
+
+fn read_run(tx: &dyn Tx, run_id: &str) -> Result<Option<Run>> {
+    tx.row(&sql::GET_RUN_SQL, params![run_id], run_from_row)
+}
+
+pub(crate) fn must_read_run(tx: &dyn Tx, run_id: &str) -> Result<Run> {
+    read_run(tx, run_id)?.ok_or_else(|| LedgerError::RunNotFound {
+        run_id: run_id.to_owned(),
+    })
+}
+
+/// The run, or `None`.
+pub fn get_run(store: &mut dyn Store, run_id: &str) -> Result<Option<Run>> {
+    store.read("reading a run", |tx| read_run(tx, run_id))
+}
+
+/// The single run id starting with `prefix` (LIKE metacharacters literal).
+pub fn resolve_run_id(store: &mut dyn Store, prefix: &str) -> Result<String> {
+    if prefix.is_empty() {
+        return Err(LedgerError::invalid(
+            "prefix",
+            "must not be empty; give the first characters of a run id",
+        ));
+    }
+    let above = prefix_successor(prefix);
+    let mut matches = store.read("resolving a run id", |tx| {
+        tx.rows(&sql::RESOLVE_RUN_ID_SQL, params![prefix, &above], |r| {
+            r.get::<String>(0)
+        })
+    })?;
+    // Matches come in byte order, so an id equal to the prefix comes first; it wins over the
+    // longer ids it is a prefix of (`deploy` beside `deploy-2`), or it could never be named.
+    if matches.first().is_some_and(|m| m == prefix) {
+        return Ok(matches.swap_remove(0));
+    }
+    match matches.len() {
+        0 => Err(LedgerError::RunNotFound {
+            run_id: prefix.to_owned(),
+        }),
+        1 => Ok(matches.remove(0)),
+        _ => Err(LedgerError::AmbiguousRunId {
+            prefix: prefix.to_owned(),
+            matches,
+        }),
+    }
+}
+
+/// The least string above every string that starts with `prefix`, in code point order (which
+/// is UTF-8 byte order): the prefix's last character that can be incremented, incremented, with
+/// what follows it dropped. Run ids starting with `prefix` are exactly those in
+/// `[prefix, successor)`, an index range, matched case-sensitively on both backends (SQLite's
+/// `LIKE` ignores ASCII case, PostgreSQL's does not). A prefix of nothing but U+10FFFF has no
+/// successor; ids are at most [`crate::ids::MAX_KEY_BYTES`] bytes, so a longer run of U+10FFFF
+/// bounds them all.
+fn prefix_successor(prefix: &str) -> String {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = match last {
+            '\u{D7FF}' => Some('\u{E000}'),
+            c => char::from_u32(u32::from(c) + 1),
+        };
+        if let Some(next) = next {
+            chars.push(next);
+            return chars.into_iter().collect();
+        }
+    }
+    let mut above = prefix.to_owned();
+    above.extend(std::iter::repeat_n(
+        char::MAX,
+        crate::ids::MAX_KEY_BYTES / 4 + 1,
+    ));
+    above
+}
+
+/// `list_runs` filters.
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    /// Ignore `scope_key` and list every scope.
+    pub all_scopes: bool,
+    /// The scope (`None` = runs without a scope) when not `all_scopes`.
+    pub scope_key: Option<String>,
+    /// Only these refs.
+    pub workflow_refs: Option<Vec<String>>,
+    /// Only `active`.
+    pub active_only: bool,
+    /// Include child runs.
+    pub include_children: bool,
+}
+
+/// Runs, most recently updated first.
+pub fn list_runs(store: &mut dyn Store, f: &RunFilter) -> Result<Vec<Run>> {
+    let refs = f.workflow_refs.as_deref().map(json_array);
+    store.read("listing runs", |tx| {
+        tx.rows(
+            &sql::LIST_RUNS_SQL,
+            params![
+                i64::from(f.all_scopes),
+                f.scope_key,
+                refs,
+                i64::from(f.active_only),
+                i64::from(f.include_children)
+            ],
+            run_from_row,
+        )
+    })
+}
+
+/// The newest top-level active run of `refs` in (or, with `outside`, outside) `scope_key`.
+pub fn find_active_run(
+    store: &mut dyn Store,
+    refs: &[String],
+    scope_key: &str,
+    outside: bool,
+) -> Result<Option<Run>> {
+    if refs.is_empty() {
+        return Ok(None);
+    }
+    let refs = json_array(refs);
+    store.read("finding an active run", |tx| {
+        tx.row(
+            &sql::FIND_ACTIVE_RUN_SQL,
+            params![refs, scope_key, i64::from(outside)],
+            run_from_row,
+        )
+    })
+}
+
+/// The newest top-level active or blocked run in `scope_key`.
+pub fn find_scope_occupant(store: &mut dyn Store, scope_key: &str) -> Result<Option<Run>> {
+    store.read("finding the scope occupant", |tx| {
+        tx.row(
+            &sql::FIND_SCOPE_OCCUPANT_SQL,
+            params![scope_key],
+            run_from_row,
+        )
+    })
+}
+
+/// Children of a run, oldest first.
+pub fn child_runs(store: &mut dyn Store, parent_run_id: &str) -> Result<Vec<Run>> {
+    store.read("listing child runs", |tx| {
+        tx.rows(&sql::CHILD_RUNS_SQL, params![parent_run_id], run_from_row)
+    })
+}
+
+/// The run's steps in plan order.
+pub fn steps(store: &mut dyn Store, run_id: &str) -> Result<Vec<Step>> {
+    store.read("listing steps", |tx| {
+        run_state(tx, run_id)?;
+        tx.rows(&sql::LIST_STEPS_SQL, params![run_id], |r| {
+            Ok(Step {
+                run_id: r.get(0)?,
+                step_id: r.get(1)?,
+                title: r.get(2)?,
+                instructions: r.get(3)?,
+                sequence_index: r.get(4)?,
+                status: r.get(5)?,
+                notes: r.get(6)?,
+                evidence: r.get::<Option<String>>(7)?.map(String::into_bytes),
+                summary: r.get(8)?,
+                completed_at: r.get(9)?,
+            })
+        })
+    })
+}

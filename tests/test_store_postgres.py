@@ -1,105 +1,22 @@
-"""The PostgreSQL store itself (issue: "PostgreSQL backend"; DESIGN §6): opening, schemas,
-migrations under an advisory lock, settings read back, connection failures named without the
-password, reconnecting after the server drops the session, and the database enforcing
-append-only events. The behaviour, concurrency and fencing suites run on PostgreSQL through the
-`ledger` and `target` fixtures (tests/conftest.py); this file covers what only this backend has.
-"""
+"""The PostgreSQL store (``store/postgres``): what only this backend has. Settings read back,
+schema arguments, connection failures and targets shown without the password, reconnecting
+after the server drops the session, batch finishes that update rows in place, and a global
+event cursor that never passes an uncommitted event. The behaviour, concurrency and fencing
+suites run on PostgreSQL too, through the ``ledger`` and ``target`` fixtures
+(tests/conftest.py); its migrations are tested in test_store_migrate.py."""
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 from typing import Any
 
-import psycopg
 import pytest
 
 import fencepost as fp
-from tests.conftest import PG_URL, REPO, pg_connect, pg_schema
-from tests.test_concurrency import _outcome, _run_all
-
-CTX = multiprocessing.get_context("spawn")
-
-
-def _schema_of(url: str) -> str:
-    return url.rsplit("schema=", 1)[1]
-
-
-def test_open_creates_the_schema_and_records_the_migration() -> None:
-    with pg_schema() as url:
-        with fp.Ledger.open(url) as ledger:
-            p = ledger.pragmas()
-            assert p["journal_mode"] == "postgresql"
-            assert p["schema_version"] == fp.SCHEMA_VERSION
-            assert ledger.integrity_check() == ["ok"]
-        with pg_connect(url) as conn:
-            rows = conn.execute(
-                "SELECT version, name FROM schema_migrations ORDER BY version"
-            ).fetchall()
-            assert rows == [(1, "init"), (2, "fillfactor")]
-            tables = {
-                r[0]
-                for r in conn.execute(
-                    "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
-                    (_schema_of(url),),
-                )
-            }
-            assert {"runs", "events", "attempts", "leases", "units", "blobs"} <= tables
-        # The public schema is untouched.
-        with pg_connect(PG_URL) as conn:
-            public = conn.execute(
-                "SELECT count(*) FROM information_schema.tables "
-                "WHERE table_schema = 'public' AND table_name = 'runs'"
-            ).fetchone()
-            assert public is not None
-            assert public[0] == 0
-
-
-MIGRATIONS = REPO / "rust" / "store" / "postgres" / "migrations"
-
-
-def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
-    # The schema as version 1 left it (its own migration file, run by hand), with a run and an
-    # attempt in it; opening applies 0002 only and keeps every row.
-    with pg_schema() as url:
-        with pg_connect(PG_URL) as conn:
-            conn.execute(f'CREATE SCHEMA "{_schema_of(url)}"')
-        with pg_connect(url) as conn:
-            conn.execute(
-                "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, "
-                "name TEXT NOT NULL, applied_at BIGINT NOT NULL)"
-            )
-            conn.execute((MIGRATIONS / "0001_init.sql").read_text())
-            conn.execute("INSERT INTO schema_migrations VALUES (1, 'init', 7)")
-        with fp.Ledger.open(url) as ledger:
-            ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="old", force=True)
-            res = ledger.reserve_attempt("old", "u1", step_id="s")
-        # Back to version 1 on paper only: the ledger row goes, the tables and rows stay.
-        with pg_connect(url) as conn:
-            conn.execute("DELETE FROM schema_migrations WHERE version = 2")
-            conn.execute("ALTER TABLE attempts RESET (fillfactor)")
-            conn.execute("ALTER TABLE units RESET (fillfactor)")
-        with fp.Ledger.open(url) as ledger:
-            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 2
-            assert ledger.finish_attempt(
-                "old", "u1", res.attempt, res.dispatch_id, status="completed"
-            )
-            assert ledger.get_run("old") is not None
-        with pg_connect(url) as conn:
-            rows = conn.execute(
-                "SELECT version, name, applied_at FROM schema_migrations ORDER BY version"
-            ).fetchall()
-            assert rows[0] == (1, "init", 7)
-            assert rows[1][:2] == (2, "fillfactor")
-            options = dict(
-                conn.execute(
-                    "SELECT relname, reloptions FROM pg_class "
-                    "WHERE relnamespace = %s::regnamespace AND relname IN ('attempts', 'units')",
-                    (_schema_of(url),),
-                ).fetchall()
-            )
-            assert options == {"attempts": ["fillfactor=50"], "units": ["fillfactor=50"]}
+from fencepost.ledger import redact_target
+from tests.conftest import PG_URL, cli, pg_connect, pg_schema
+from tests.processes import outcome
 
 
 def test_a_batch_finish_updates_attempts_and_units_in_place() -> None:
@@ -138,21 +55,6 @@ def test_a_batch_finish_updates_attempts_and_units_in_place() -> None:
             assert len(moved) <= len(got) * 15 // 100, (table, moved)
 
 
-def test_reopen_is_a_no_op_and_the_schema_keyword_equals_the_url() -> None:
-    with pg_schema() as url:
-        base, schema = url.split("?schema=")
-        with fp.Ledger.open(url) as ledger:
-            ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True)
-        with fp.Ledger.open(base, schema=schema) as ledger:
-            run = ledger.get_run("r1")
-            assert run is not None
-            assert run.revision == 1
-        with pg_connect(url) as conn:
-            assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone() == (
-                fp.SCHEMA_VERSION,
-            )
-
-
 def test_durability_and_busy_timeout_read_back() -> None:
     with pg_schema() as url:
         with fp.Ledger.open(url, durability="full", busy_timeout_ms=1234) as ledger:
@@ -160,38 +62,6 @@ def test_durability_and_busy_timeout_read_back() -> None:
             assert (p["synchronous"], p["busy_timeout"]) == ("full", 1234)
         with fp.Ledger.open(url) as ledger:
             assert ledger.pragmas()["synchronous"] == "normal"
-
-
-def test_newer_schema_is_refused_and_left_alone() -> None:
-    with pg_schema() as url:
-        fp.Ledger.open(url).close()
-        with pg_connect(url) as conn:
-            conn.execute(
-                "INSERT INTO schema_migrations(version, name, applied_at) VALUES (999, 'f', 0)"
-            )
-        with pytest.raises(fp.SchemaError) as info:
-            fp.Ledger.open(url)
-        assert (info.value.database_version, info.value.library_version) == (
-            999,
-            fp.SCHEMA_VERSION,
-        )
-        with pg_connect(url) as conn:
-            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (999,)
-
-
-def test_a_schema_holding_other_tables_is_refused() -> None:
-    with pg_schema() as url:
-        schema = _schema_of(url)
-        with pg_connect(PG_URL) as conn:
-            conn.execute(f'CREATE SCHEMA "{schema}"')
-            conn.execute(f'CREATE TABLE "{schema}".theirs (x int)')
-        with pytest.raises(fp.StoreError, match="not a fencepost ledger"):
-            fp.Ledger.open(url)
-        with pg_connect(url) as conn:
-            assert conn.execute(
-                "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s",
-                (schema,),
-            ).fetchone() == (1,)
 
 
 @pytest.mark.parametrize(
@@ -233,7 +103,7 @@ def test_the_ledger_reconnects_after_the_server_drops_its_session() -> None:
             assert killed[0] >= 1
         # The call that meets the dead session fails clearly (it cannot know whether a write
         # in flight committed); the next one reconnects.
-        kind, err = _outcome(lambda: ledger.get_run("r1"))
+        kind, err = outcome(lambda: ledger.get_run("r1"))
         if kind != "ok":
             assert kind == "StoreError", err
             assert "lost the connection to PostgreSQL at 127.0.0.1:5432" in str(err)
@@ -244,37 +114,24 @@ def test_the_ledger_reconnects_after_the_server_drops_its_session() -> None:
         assert res.attempt == 1
 
 
-def test_events_are_append_only_in_the_database() -> None:
-    with pg_schema() as url:
-        with fp.Ledger.open(url) as ledger:
-            ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True)
-        with pg_connect(url) as conn:
-            for statement in (
-                "DELETE FROM events",
-                "UPDATE events SET type = 'x'",
-                "TRUNCATE events",
-            ):
-                with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
-                    conn.execute(statement)
-            assert conn.execute("SELECT count(*) FROM events").fetchone() == (1,)
-
-
-def _open_fresh(i: int, barrier: Any, queue: Any, url: str) -> None:
-    barrier.wait()
-    kind, got = _outcome(lambda: fp.Ledger.open(url).pragmas()["schema_version"])
-    queue.put((i, (kind, got if kind == "ok" else repr(got))))
-
-
-def test_several_processes_open_a_fresh_schema_at_once() -> None:
-    """Migrations run under an advisory lock: one process creates the schema, the others wait
-    and find it migrated; nobody sees a half-made schema or a duplicate-table error."""
-    with pg_schema() as url:
-        results = _run_all(_open_fresh, [(url,)] * 6)
-        assert results == [("ok", fp.SCHEMA_VERSION)] * 6
-        with pg_connect(url) as conn:
-            assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone() == (
-                fp.SCHEMA_VERSION,
-            )
+def wait_for_sleeping_event_insert(url: str, deadline_s: float = 10.0) -> None:
+    """Wait until another session is asleep in the trigger while inserting into this schema's
+    events: its event's seq is allocated by then (an identity default is computed before the
+    BEFORE ROW trigger runs) and its transaction is still open. The session is found by the
+    lock its INSERT holds on this schema's events table, so tests running beside this one on
+    the same server never match."""
+    end = time.monotonic() + deadline_s
+    with pg_connect(url) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
+                "WHERE l.relation = 'events'::regclass AND l.mode = 'RowExclusiveLock' "
+                "AND a.wait_event = 'PgSleep' AND a.pid <> pg_backend_pid()"
+            ).fetchone()
+            if row is not None and row[0] > 0:
+                return
+            assert time.monotonic() < end, "the slow session never reached its event insert"
+            time.sleep(0.01)
 
 
 def test_the_global_event_cursor_never_passes_an_uncommitted_event() -> None:
@@ -304,7 +161,7 @@ def test_the_global_event_cursor_never_passes_an_uncommitted_event() -> None:
 
         slow = threading.Thread(target=start, args=("slow",))
         slow.start()
-        time.sleep(0.5)  # slow's seq is allocated; its transaction sleeps in the trigger
+        wait_for_sleeping_event_insert(url)  # slow's seq is allocated, its transaction open
         start("fast")
         with fp.Ledger.open(url) as reader:
             fast_events = reader.events("fast")
@@ -320,3 +177,55 @@ def test_the_global_event_cursor_never_passes_an_uncommitted_event() -> None:
             after = reader.events(after_seq=seed[-1].seq)
         assert [e.resource_id for e in after] == ["slow", "fast"]
         assert after[0].seq < after[1].seq == fast_events[0].seq
+
+
+# ------------------------------------------------------------------ passwords stay hidden
+
+
+SECRET = "s3cret-Pw"
+
+
+def with_password(url: str) -> str:
+    """``url`` with a password in its user part (the local server trusts, so it connects)."""
+    scheme, rest = url.split("://", 1)
+    user, at, host = rest.partition("@")
+    assert at, "FENCEPOST_PG_URL names a user"
+    return f"{scheme}://{user.split(':')[0]}:{SECRET}@{host}"
+
+
+@pytest.mark.parametrize(
+    ("shown", "hidden"),
+    [
+        ("postgresql://u:pw@h:5432/db?schema=s", "postgresql://u:***@h:5432/db?schema=s"),
+        ("postgres://u:p:w@h/db", "postgres://u:***@h/db"),
+        ("postgresql://h/db?user=u&password=pw&sslmode=disable",
+         "postgresql://h/db?user=u&password=***&sslmode=disable"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("ledger.db", "ledger.db"),
+    ],
+)  # fmt: skip
+def test_redact_target(shown: str, hidden: str) -> None:
+    assert redact_target(shown) == hidden
+
+
+@pytest.mark.postgres
+def test_a_password_is_never_shown() -> None:
+    with pg_schema() as url:
+        secret_url = with_password(url)
+        with fp.Ledger.open(secret_url) as ledger:
+            shown = [repr(ledger), ledger.target, str(ledger.pragmas())]
+            assert all(SECRET not in s for s in shown), shown
+            assert ledger.target.startswith("postgresql://postgres@")
+        for args in (["doctor", "--db", secret_url], ["doctor", "--json", "--db", secret_url]):
+            done = cli(*args)
+            assert done.returncode == 0, done.stderr
+            assert SECRET not in done.stdout + done.stderr
+            assert "postgres@127.0.0.1" in done.stdout
+        # A URL fencepost cannot parse, and a server it cannot reach: the errors keep it too.
+        for bad in (
+            secret_url.replace(":5432", ":notaport"),
+            secret_url.replace(":5432", ":1") + "&connect_timeout=2",
+        ):
+            with pytest.raises(fp.LedgerError) as info:
+                fp.Ledger.open(bad)
+            assert SECRET not in str(info.value)

@@ -1,7 +1,8 @@
-"""kill -9 at random moments (DESIGN §6, issue: ledger core "Crash safety"): after every kill the
-file passes `PRAGMA integrity_check` and the ledger invariants hold — every attempt has its
-`unit.started` event, every finished attempt exactly one `unit.finished`, running attempts none,
-and each unit projection matches its latest attempt."""
+"""Crash safety of the SQLite store: a worker reserving and finishing attempts is killed with
+``kill -9`` at random moments, and after every kill the file passes `PRAGMA integrity_check`
+and the ledger invariants hold — every attempt has its `unit.started` event, every finished
+attempt exactly one `unit.finished`, running attempts none, and each unit projection matches
+its latest attempt."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from typing import Any
 import pytest
 
 import fencepost as fp
-from tests.conftest import STEPS, raw_db
+from tests.conftest import STEPS
+from tests.processes import check_invariants
 
 CTX = multiprocessing.get_context("fork")
 
@@ -38,44 +40,6 @@ def _worker(path: str, run_id: str, seed: int, ready: Any) -> None:
                     {"unit_id": f"b{rnd.randrange(200)}", "step_id": "build"} for _ in range(20)
                 ]
                 ledger.reserve_attempts(run_id, list({u["unit_id"]: u for u in batch}.values()))
-
-
-def check_invariants(path: str) -> int:
-    """Return the number of attempts after asserting every invariant on the file."""
-    with raw_db(path) as db:
-        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        attempts = db.execute(
-            "SELECT run_id, unit_id, attempt, dispatch_id, status FROM attempts"
-        ).fetchall()
-        started = db.execute(
-            "SELECT json_extract(payload, '$.dispatch_id'), count(*) FROM events "
-            "WHERE type = 'unit.started' GROUP BY 1"
-        ).fetchall()
-        finished = db.execute(
-            "SELECT json_extract(payload, '$.dispatch_id'), count(*) FROM events "
-            "WHERE type = 'unit.finished' GROUP BY 1"
-        ).fetchall()
-        latest = db.execute(
-            "SELECT u.unit_id, u.attempts, u.status, a.status FROM units u JOIN attempts a "
-            "ON a.run_id = u.run_id AND a.unit_id = u.unit_id AND a.attempt = u.attempts"
-        ).fetchall()
-        unit_count = db.execute("SELECT count(*) FROM units").fetchone()[0]
-        max_attempts = db.execute(
-            "SELECT count(*) FROM units u WHERE u.attempts <> (SELECT max(attempt) "
-            "FROM attempts a WHERE a.run_id = u.run_id AND a.unit_id = u.unit_id)"
-        ).fetchone()[0]
-    started_by = dict(started)
-    finished_by = dict(finished)
-    for _, _, _, dispatch_id, status in attempts:
-        assert started_by.get(dispatch_id) == 1, f"attempt {dispatch_id} lacks its started event"
-        want = 0 if status == "running" else 1
-        assert finished_by.get(dispatch_id, 0) == want, f"finished events of {dispatch_id}"
-    assert len(started_by) == len(attempts)
-    assert set(finished_by) <= set(started_by)
-    assert len(latest) == unit_count
-    assert max_attempts == 0
-    assert all(unit_status == attempt_status for _, _, unit_status, attempt_status in latest)
-    return len(attempts)
 
 
 def _kill_cycles(tmp_path: pathlib.Path, kills: int, seed: int) -> None:

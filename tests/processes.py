@@ -4,12 +4,16 @@ report each call's outcome without raising, and check a ledger's invariants afte
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+import time
 from typing import Any
 
 import fencepost as fp
 from tests.conftest import raw_db
 
 SPAWN = multiprocessing.get_context("spawn")
+FORK = multiprocessing.get_context("fork")
 
 
 def run_all(target: Any, args: list[tuple[Any, ...]]) -> list[Any]:
@@ -25,6 +29,20 @@ def run_all(target: Any, args: list[tuple[Any, ...]]) -> list[Any]:
         p.join(timeout=60)
         assert p.exitcode == 0
     return [results[i] for i in range(len(args))]
+
+
+def kill_mid_flight(target: Any, args: tuple[Any, ...], pause_s: float) -> None:
+    """Fork a process running ``target(*args, ready)``, wait until it sets ``ready``, let it
+    work for ``pause_s``, then ``kill -9`` it and check that the signal is what ended it."""
+    ready = FORK.Event()
+    proc = FORK.Process(target=target, args=(*args, ready))
+    proc.start()
+    assert ready.wait(30)
+    time.sleep(pause_s)
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(30)
+    assert proc.exitcode == -signal.SIGKILL
 
 
 def outcome(fn: Any) -> tuple[str, Any]:

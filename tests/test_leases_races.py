@@ -8,10 +8,8 @@ processes cannot share an injected one), with leases of milliseconds."""
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import os
 import random
-import signal
 import time
 from typing import Any
 
@@ -19,10 +17,9 @@ import pytest
 
 import fencepost as fp
 from tests.conftest import queued, raw_db
-from tests.processes import check_invariants, outcome, run_all
+from tests.processes import check_invariants, kill_mid_flight, outcome, run_all
 
 RUNS = 12
-FORK = multiprocessing.get_context("fork")
 
 
 def _claimer(i: int, barrier: Any, queue: Any, path: str, seconds: float) -> None:
@@ -134,14 +131,7 @@ def test_sigkill_of_a_claimed_worker_then_takeover(target: str) -> None:
     rnd = random.Random(3)
     generations = [1]
     for k in range(12):
-        ready = FORK.Event()
-        proc = FORK.Process(target=_worker, args=(path, k, ready))
-        proc.start()
-        assert ready.wait(30)
-        time.sleep(rnd.uniform(0.01, 0.1))
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(30)
-        assert proc.exitcode == -signal.SIGKILL
+        kill_mid_flight(_worker, (path, k), rnd.uniform(0.01, 0.1))
         check_invariants(path)
         with fp.Ledger.open(path) as ledger:
             lease = ledger.lease("work")

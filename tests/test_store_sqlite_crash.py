@@ -6,21 +6,16 @@ its latest attempt."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pathlib
 import random
-import signal
-import time
 from typing import Any
 
 import pytest
 
 import fencepost as fp
 from tests.conftest import STEPS
-from tests.processes import check_invariants
-
-CTX = multiprocessing.get_context("fork")
+from tests.processes import check_invariants, kill_mid_flight
 
 
 def _worker(path: str, run_id: str, seed: int, ready: Any) -> None:
@@ -49,14 +44,7 @@ def _kill_cycles(tmp_path: pathlib.Path, kills: int, seed: int) -> None:
     rnd = random.Random(seed)
     grown = 0
     for k in range(kills):
-        ready = CTX.Event()
-        proc = CTX.Process(target=_worker, args=(path, run_id, seed * 1000 + k, ready))
-        proc.start()
-        assert ready.wait(30)
-        time.sleep(rnd.uniform(0.005, 0.08))
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(30)
-        assert proc.exitcode == -signal.SIGKILL
+        kill_mid_flight(_worker, (path, run_id, seed * 1000 + k), rnd.uniform(0.005, 0.08))
         count = check_invariants(path)
         assert count >= grown
         grown = count

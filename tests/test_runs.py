@@ -218,6 +218,25 @@ def test_resolve_run_id(ledger: fp.Ledger) -> None:
         ledger.resolve_run_id("ab\\")
 
 
+def test_resolve_run_id_is_exact_first_case_sensitive_and_bounded(ledger: fp.Ledger) -> None:
+    for run_id in ("deploy", "deploy-2", "deploy_3", "Zeta"):
+        ledger.start_run("wf", scope_key=run_id, steps=STEPS, run_id=run_id)
+    assert ledger.resolve_run_id("deploy") == "deploy"  # an exact id wins over longer ones
+    assert ledger.resolve_run_id("deploy-") == "deploy-2"
+    assert ledger.resolve_run_id("deploy_") == "deploy_3"  # `_` is literal
+    assert ledger.resolve_run_id("Z") == "Zeta"
+    with pytest.raises(fp.AmbiguousRunId) as info:
+        ledger.resolve_run_id("dep")
+    assert sorted(info.value.matches) == ["deploy", "deploy-2", "deploy_3"]
+    for missing in ("DEPLOY", "zeta", "deploy%", "deploy-3"):
+        with pytest.raises(fp.RunNotFound):
+            ledger.resolve_run_id(missing)
+    for bad, says in (("", "empty"), ("d" * 60_000, "1024 bytes"), ("d\x00", "NUL")):
+        with pytest.raises(fp.InvalidArgument, match=says) as bad_info:
+            ledger.resolve_run_id(bad)
+        assert bad_info.value.argument == "prefix"
+
+
 def test_list_runs_filters_and_order(ledger: fp.Ledger, clock: FakeClock) -> None:
     r1 = start(ledger, ref="wf/a", scope="s1")
     clock.advance(10)
@@ -370,52 +389,6 @@ def test_terminal_runs_cannot_be_revived(ledger: fp.Ledger) -> None:
         ledger.abandon_run("missing")
 
 
-def test_set_outputs(ledger: fp.Ledger) -> None:
-    run = start(ledger)
-    ledger.set_outputs(run.run_id, {"artifact": "s3://x", "score": 0.5})
-    assert ledger.get_run(run.run_id).outputs == {"artifact": "s3://x", "score": 0.5}
-    with pytest.raises(fp.CanonicalJsonError) as info:
-        ledger.set_outputs(run.run_id, {"bad": float("nan")})
-    assert info.value.argument == "outputs"
-    with pytest.raises(fp.RunNotFound):
-        ledger.set_outputs("missing", {})
-
-
-def test_results_survive_reopen(tmp_path: Any, clock: FakeClock) -> None:
-    path = str(tmp_path / "persist.db")
-    with fp.Ledger.open(path, clock=clock) as ledger:
-        run = start(ledger)
-        ledger.complete_step(run.run_id, "plan")
-    with fp.Ledger.open(path, clock=clock) as again:
-        assert again.get_run(run.run_id).current_step_id == "build"
-        assert [s.status for s in again.steps(run.run_id)] == ["completed", "active", "pending"]
-
-
-# ------------------------------------------------------------------ the resolve_run_id bounds
-
-
-def test_resolve_run_id_is_exact_first_case_sensitive_and_bounded(ledger: fp.Ledger) -> None:
-    for run_id in ("deploy", "deploy-2", "deploy_3", "Zeta"):
-        ledger.start_run("wf", scope_key=run_id, steps=STEPS, run_id=run_id)
-    assert ledger.resolve_run_id("deploy") == "deploy"  # an exact id wins over longer ones
-    assert ledger.resolve_run_id("deploy-") == "deploy-2"
-    assert ledger.resolve_run_id("deploy_") == "deploy_3"  # `_` is literal
-    assert ledger.resolve_run_id("Z") == "Zeta"
-    with pytest.raises(fp.AmbiguousRunId) as info:
-        ledger.resolve_run_id("dep")
-    assert sorted(info.value.matches) == ["deploy", "deploy-2", "deploy_3"]
-    for missing in ("DEPLOY", "zeta", "deploy%", "deploy-3"):
-        with pytest.raises(fp.RunNotFound):
-            ledger.resolve_run_id(missing)
-    for bad, says in (("", "empty"), ("d" * 60_000, "1024 bytes"), ("d\x00", "NUL")):
-        with pytest.raises(fp.InvalidArgument, match=says) as bad_info:
-            ledger.resolve_run_id(bad)
-        assert bad_info.value.argument == "prefix"
-
-
-# ------------------------------------------------------------------ set_status: the run lifecycle
-
-
 @pytest.mark.parametrize(
     ("path", "allowed"),
     [
@@ -478,3 +451,24 @@ def test_set_status_cannot_break_the_scope_guard(ledger: fp.Ledger) -> None:
     with pytest.raises(fp.ActiveRunExists) as err:
         ledger.set_status("one", "active", claim=claim)
     assert err.value.occupant_run_id == "two"
+
+
+def test_set_outputs(ledger: fp.Ledger) -> None:
+    run = start(ledger)
+    ledger.set_outputs(run.run_id, {"artifact": "s3://x", "score": 0.5})
+    assert ledger.get_run(run.run_id).outputs == {"artifact": "s3://x", "score": 0.5}
+    with pytest.raises(fp.CanonicalJsonError) as info:
+        ledger.set_outputs(run.run_id, {"bad": float("nan")})
+    assert info.value.argument == "outputs"
+    with pytest.raises(fp.RunNotFound):
+        ledger.set_outputs("missing", {})
+
+
+def test_results_survive_reopen(tmp_path: Any, clock: FakeClock) -> None:
+    path = str(tmp_path / "persist.db")
+    with fp.Ledger.open(path, clock=clock) as ledger:
+        run = start(ledger)
+        ledger.complete_step(run.run_id, "plan")
+    with fp.Ledger.open(path, clock=clock) as again:
+        assert again.get_run(run.run_id).current_step_id == "build"
+        assert [s.status for s in again.steps(run.run_id)] == ["completed", "active", "pending"]

@@ -1,4 +1,14 @@
-"""Shared fixtures and settings for the fencepost test suite."""
+"""Shared fixtures and helpers for the fencepost test suite.
+
+The fixtures that make ledgers and targets run a test once per backend:
+
+- ``ledger``: an open ``fp.Ledger`` with the injected ``clock``, on a SQLite file, a private
+  in-memory database and a fresh PostgreSQL schema (``ledger_target`` chooses where; a module
+  whose tests read the database behind the API's back overrides ``ledger_target`` with
+  ``target``, the backends another connection can see);
+- ``target``: a fresh target on each backend with shared storage (a SQLite file, a PostgreSQL
+  schema), for tests that open several ledgers or start processes on one.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +17,16 @@ import os
 import pathlib
 import re
 import sqlite3
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+import fencepost as fp
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -39,7 +53,8 @@ def jcs_dir() -> pathlib.Path:
 
 
 class FakeClock:
-    """An injectable clock (DESIGN §2: `Ledger.open(..., clock=...)`): epoch ms, moved by hand."""
+    """An injectable clock (``Ledger.open(..., clock=...)``): epoch ms, moved by hand, so
+    lease expiry is driven by the test instead of by sleeping."""
 
     def __init__(self, start_ms: int = 1_764_720_000_000) -> None:
         self.now = start_ms
@@ -56,6 +71,8 @@ class FakeClock:
 def clock() -> FakeClock:
     return FakeClock()
 
+
+# ------------------------------------------------------------------ PostgreSQL
 
 PG_URL = os.environ.get("FENCEPOST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -76,6 +93,11 @@ def pg_schema() -> Iterator[str]:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+def schema_of(url: str) -> str:
+    """The schema a test's ledger URL names."""
+    return url.rsplit("schema=", 1)[1]
+
+
 def pg_connect(url: str) -> Any:
     """A psycopg connection to a ledger URL's database with the ledger's schema (``public``
     when the URL names none) on its search_path, for reading behind the API's back and for
@@ -89,33 +111,41 @@ def pg_connect(url: str) -> Any:
     return conn
 
 
-BACKENDS = ["sqlite", "postgres"]
+# ------------------------------------------------------------------ targets and ledgers
 
 
-@pytest.fixture(params=BACKENDS)
-def target(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[str]:
-    """A fresh ledger target on each shared-storage backend: a SQLite file or a PostgreSQL
-    schema. Tests that start several processes on one ledger take this."""
-    if request.param == "sqlite":
-        yield str(tmp_path / "ledger.db")
-    else:
+@contextlib.contextmanager
+def fresh_target(kind: str, tmp_path: pathlib.Path) -> Iterator[str]:
+    """A target no ledger has used yet: ``file`` or ``sqlite`` a SQLite file, ``memory`` a
+    private in-memory database, ``postgres`` a PostgreSQL schema (dropped afterwards)."""
+    if kind == "postgres":
         with pg_schema() as url:
             yield url
+    elif kind == "memory":
+        yield ":memory:"
+    else:
+        yield str(tmp_path / "ledger.db")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def target(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[str]:
+    """A fresh ledger target on each shared-storage backend: a SQLite file or a PostgreSQL
+    schema. Tests that open several ledgers or start processes on one take this."""
+    with fresh_target(request.param, tmp_path) as made:
+        yield made
 
 
 @pytest.fixture(params=["file", "memory", "postgres"])
-def ledger(
-    request: pytest.FixtureRequest, tmp_path: pathlib.Path, clock: FakeClock
-) -> Iterator[Any]:
-    """A fresh ledger on each backend, with the injected clock."""
-    import fencepost as fp
+def ledger_target(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[str]:
+    """Where the ``ledger`` fixture opens its ledger: every backend, in-memory SQLite too."""
+    with fresh_target(request.param, tmp_path) as made:
+        yield made
 
-    if request.param == "postgres":
-        with pg_schema() as url, fp.Ledger.open(url, clock=clock) as opened:
-            yield opened
-        return
-    target = str(tmp_path / "ledger.db") if request.param == "file" else ":memory:"
-    with fp.Ledger.open(target, clock=clock) as opened:
+
+@pytest.fixture
+def ledger(ledger_target: str, clock: FakeClock) -> Iterator[fp.Ledger]:
+    """A fresh ledger on ``ledger_target``, with the injected clock."""
+    with fp.Ledger.open(ledger_target, clock=clock) as opened:
         yield opened
 
 
@@ -124,6 +154,15 @@ STEPS = [
     {"id": "build", "title": "Build", "instructions": "Build it", "completion": {"kind": "auto"}},
     {"id": "ship", "title": "Ship"},
 ]
+
+
+@pytest.fixture
+def run(ledger: fp.Ledger) -> fp.Run:
+    """An active run of ``STEPS`` on the ``ledger``, in a guarded scope."""
+    return ledger.start_run("wf/fan", scope_key="s", steps=STEPS)
+
+
+# ------------------------------------------------------------------ reading behind the API
 
 
 class _PgRaw:
@@ -169,3 +208,83 @@ def raw_db(path: str | os.PathLike[str]) -> Iterator[Any]:
         db.commit()
     finally:
         db.close()
+
+
+def applied_migrations(target: str | os.PathLike[str]) -> list[tuple[int, str]]:
+    """The ledger's record of its migrations: (version, name), oldest first."""
+    with raw_db(target) as db:
+        return [
+            tuple(row)
+            for row in db.execute("SELECT version, name FROM schema_migrations ORDER BY version")
+        ]
+
+
+def counts(target: str) -> tuple[int, int, int, int]:
+    """(runs, events, attempts, blobs): what 'nothing written' is checked against."""
+    tables = ("runs", "events", "attempts", "blobs")
+    with raw_db(target) as db:
+        return tuple(  # type: ignore[return-value]
+            db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables
+        )
+
+
+# ------------------------------------------------------------------ controllers' runs
+
+DEFINITION = {"name": "deploy", "steps": [{"id": "build"}, {"id": "ship"}], "version": 3}
+
+
+def queued(run_id: str = "run-1", **overrides: Any) -> dict[str, Any]:
+    """reserve_run keywords, with the digest computed the way a caller should."""
+    definition = overrides.pop("definition", DEFINITION)
+    kw: dict[str, Any] = {
+        "workflow_name": "deploy",
+        "workflow_ref": "deploy@3",
+        "source": {"kind": "builtin", "id": "deploy", "revision": 3},
+        "definition_digest": fp.digest(definition),
+        "definition": definition,
+        "input": {"target": "prod"},
+        "launch_options": {"max_parallel": 8},
+        "runner_id": "host-a",
+        "origin_session_id": "session-1",
+    }
+    kw.update(overrides)
+    return kw
+
+
+def started(ledger: fp.Ledger, run_id: str = "run-1", runner: str = "host-a") -> fp.Claim:
+    """A controller's path to dispatch: reserve the run, claim it, set it active."""
+    ledger.reserve_run(run_id, **queued(run_id))
+    claim = ledger.claim(run_id, runner, lease_ms=10_000)
+    assert claim is not None
+    ledger.set_status(run_id, "active", claim=claim)
+    return claim
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -m fencepost ARGS`` in a child process, as a user runs it; never raises on a
+    non-zero exit (the tests check the status)."""
+    return subprocess.run(
+        [sys.executable, "-m", "fencepost", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, dict[str, Any], str]:
+    """One demo run (600 units, 3 workers, one killed), shared by the demo's tests and the
+    inspection commands' tests: its ledger file, its JSON report and its stderr."""
+    import json
+
+    db = tmp_path_factory.mktemp("demo") / "demo.db"
+    done = cli("demo", "--units", "600", "--workers", "3", "--seed", "3", "--db", str(db), "--json")
+    assert done.returncode == 0, done.stderr
+    return db, json.loads(done.stdout), done.stderr

@@ -1,4 +1,4 @@
-"""fencepost.aio.AsyncLedger (issue: demo/CLI/asyncio): every Ledger method as a coroutine with
+"""fencepost.aio.AsyncLedger (``aio``): every Ledger method as a coroutine with
 the same results and errors, and an event loop that keeps running while thousands of
 reserve/finish calls are in flight (the blocking work happens in threads, GIL released)."""
 

@@ -1,5 +1,7 @@
-"""Attempts, the dispatcher's hot path (DESIGN §1.1–1.2, §4 "Attempts"; PRIOR_ART A7 AK-02..AK-11
-and C1.7)."""
+"""Attempts, the dispatcher's hot path (``attempts``): reserving creates attempt n+1 with a fresh
+dispatch id or reclaims the running one in place, finishing is a compare-and-set that one
+callback wins, batches write what one call per item would, and the unit row follows its latest
+attempt."""
 
 from __future__ import annotations
 
@@ -16,12 +18,12 @@ UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}
 
 
 @pytest.fixture
-def run(ledger: Any) -> Any:
+def run(ledger: fp.Ledger) -> fp.Run:
     return ledger.start_run("wf/fan", scope_key="s", steps=STEPS)
 
 
-def test_fresh_reserve(ledger: Any, run: Any, clock: FakeClock) -> None:
-    """AK-02."""
+def test_fresh_reserve(ledger: fp.Ledger, run: fp.Run, clock: FakeClock) -> None:
+    """A new unit gets attempt 1, running, with its ``unit.started`` event."""
     res = ledger.reserve_attempt(
         run.run_id, "u1", step_id="build", node_id="n1", input_hash="h1", holder="w1"
     )
@@ -64,8 +66,8 @@ def test_fresh_reserve(ledger: Any, run: Any, clock: FakeClock) -> None:
     assert ledger.events(run.run_id, types=["unit.finished"]) == []
 
 
-def test_reclaim_in_place(ledger: Any, run: Any) -> None:
-    """AK-04: same attempt, same dispatch id, one row, one started event."""
+def test_reclaim_in_place(ledger: fp.Ledger, run: fp.Run) -> None:
+    """A reclaim keeps the attempt: same number, same dispatch id, one row, one started event."""
     first = ledger.reserve_attempt(run.run_id, "u1", step_id="build", input_hash="h", holder="a")
     again = ledger.reserve_attempt(run.run_id, "u1", step_id="build", input_hash="h", holder="b")
     assert again.kind == "reclaimed"
@@ -75,8 +77,8 @@ def test_reclaim_in_place(ledger: Any, run: Any) -> None:
     assert len(ledger.events(run.run_id, types=["unit.started"])) == 1
 
 
-def test_reclaim_refuses_changed_inputs(ledger: Any, run: Any) -> None:
-    """C1.7: a reclaim must not hand back an attempt for different inputs."""
+def test_reclaim_refuses_changed_inputs(ledger: fp.Ledger, run: fp.Run) -> None:
+    """A reclaim must not hand back an attempt made for different inputs."""
     ledger.reserve_attempt(run.run_id, "u1", step_id="build", input_hash="h1")
     with pytest.raises(fp.InvalidArgument) as info:
         ledger.reserve_attempt(run.run_id, "u1", step_id="build", input_hash="h2")
@@ -87,8 +89,8 @@ def test_reclaim_refuses_changed_inputs(ledger: Any, run: Any) -> None:
     assert ledger.attempts(run.run_id, "u1")[0].reclaims == 0
 
 
-def test_reserve_requires_active_run(ledger: Any, run: Any) -> None:
-    """AK-05."""
+def test_reserve_requires_active_run(ledger: fp.Ledger, run: fp.Run) -> None:
+    """Only an active run takes new attempts; a refusal writes nothing."""
     ledger.abandon_run(run.run_id)
     before = ledger.events(run.run_id)
     with pytest.raises(fp.RunNotActive) as info:
@@ -100,8 +102,8 @@ def test_reserve_requires_active_run(ledger: Any, run: Any) -> None:
         ledger.reserve_attempt("missing", "u1", step_id="build")
 
 
-def test_finish_commits_once(ledger: Any, run: Any, clock: FakeClock) -> None:
-    """AK-06: finish commits; a second finish is False and changes nothing."""
+def test_finish_commits_once(ledger: fp.Ledger, run: fp.Run, clock: FakeClock) -> None:
+    """The first finish commits; a second is False and changes nothing."""
     res = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
     clock.advance(250)
     ok = ledger.finish_attempt(
@@ -139,8 +141,8 @@ def test_finish_commits_once(ledger: Any, run: Any, clock: FakeClock) -> None:
     }
 
 
-def test_failure_payload_has_reason_and_no_tokens(ledger: Any, run: Any) -> None:
-    """AK-08."""
+def test_failure_payload_has_reason_and_no_tokens(ledger: fp.Ledger, run: fp.Run) -> None:
+    """A failed finish records its reason, and its payload carries no tokens."""
     for unit, status, reason in [("u1", "timed_out", "timeout"), ("u2", "cancelled", "aborted")]:
         res = ledger.reserve_attempt(run.run_id, unit, step_id="build")
         assert ledger.finish_attempt(
@@ -153,8 +155,8 @@ def test_failure_payload_has_reason_and_no_tokens(ledger: Any, run: Any) -> None
     assert all("tokens" not in p for p in payloads)
 
 
-def test_retry_appends_a_new_attempt(ledger: Any, run: Any) -> None:
-    """AK-09."""
+def test_retry_appends_a_new_attempt(ledger: fp.Ledger, run: fp.Run) -> None:
+    """After a finished attempt, a retry is attempt n+1 with a new dispatch id."""
     first = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
     ledger.finish_attempt(run.run_id, "u1", 1, first.dispatch_id, status="failed", tokens=3)
     second = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
@@ -169,8 +171,8 @@ def test_retry_appends_a_new_attempt(ledger: Any, run: Any) -> None:
     ]
 
 
-def test_crash_reclaim_then_stale_finish(ledger: Any, run: Any) -> None:
-    """AK-10: the reclaimer finishes first; the stale driver's finish is False."""
+def test_crash_reclaim_then_stale_finish(ledger: fp.Ledger, run: fp.Run) -> None:
+    """The reclaimer finishes first; the crashed driver's late finish is False."""
     res = ledger.reserve_attempt(run.run_id, "u1", step_id="build", holder="crashed")
     ledger.reserve_attempt(run.run_id, "u1", step_id="build", holder="reclaimer")
     assert ledger.finish_attempt(run.run_id, "u1", 1, res.dispatch_id, status="completed", tokens=5)
@@ -188,8 +190,8 @@ def test_crash_reclaim_then_stale_finish(ledger: Any, run: Any) -> None:
     ) == (1, 5, 1, 5, 0, 0)
 
 
-def test_accounting_splits_gate_and_unit(ledger: Any, run: Any) -> None:
-    """AK-11."""
+def test_accounting_splits_gate_and_unit(ledger: fp.Ledger, run: fp.Run) -> None:
+    """Accounting counts gate and unit attempts (and their tokens) apart."""
     u = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
     g = ledger.reserve_attempt(run.run_id, "g1", step_id="build", phase="gate")
     ledger.finish_attempt(run.run_id, "u1", 1, u.dispatch_id, status="completed", tokens=7)
@@ -198,7 +200,7 @@ def test_accounting_splits_gate_and_unit(ledger: Any, run: Any) -> None:
     assert acc == fp.models.Accounting(2, 12, 1, 7, 1, 5)
 
 
-def test_wrong_or_unknown_finishes_are_false(ledger: Any, run: Any) -> None:
+def test_wrong_or_unknown_finishes_are_false(ledger: fp.Ledger, run: fp.Run) -> None:
     res = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
     assert not ledger.finish_attempt(run.run_id, "u1", 1, "not-the-id", status="completed")
     assert not ledger.finish_attempt(run.run_id, "u1", 2, res.dispatch_id, status="completed")
@@ -219,7 +221,7 @@ def test_wrong_or_unknown_finishes_are_false(ledger: Any, run: Any) -> None:
     ],
 )
 def test_bad_finish_arguments_write_nothing(
-    ledger: Any, run: Any, kwargs: dict[str, Any], argument: str
+    ledger: fp.Ledger, run: fp.Run, kwargs: dict[str, Any], argument: str
 ) -> None:
     res = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
     with pytest.raises(fp.InvalidArgument) as info:
@@ -228,7 +230,7 @@ def test_bad_finish_arguments_write_nothing(
     assert ledger.attempts(run.run_id, "u1")[0].status == "running"
 
 
-def test_bad_reserve_arguments(ledger: Any, run: Any) -> None:
+def test_bad_reserve_arguments(ledger: fp.Ledger, run: fp.Run) -> None:
     with pytest.raises(fp.InvalidArgument) as info:
         ledger.reserve_attempt(run.run_id, "u1", step_id="build", phase="other")
     assert info.value.argument == "phase"
@@ -238,7 +240,7 @@ def test_bad_reserve_arguments(ledger: Any, run: Any) -> None:
     assert ledger.units(run.run_id) == []
 
 
-def test_batch_reserve_and_finish(ledger: Any, run: Any) -> None:
+def test_batch_reserve_and_finish(ledger: fp.Ledger, run: fp.Run) -> None:
     units = [{"unit_id": f"u{i:04d}", "step_id": "build", "holder": "w"} for i in range(1000)]
     got = ledger.reserve_attempts(run.run_id, units)
     assert [g.unit_id for g in got] == [u["unit_id"] for u in units]
@@ -264,7 +266,7 @@ def test_batch_reserve_and_finish(ledger: Any, run: Any) -> None:
     assert ledger.units(run.run_id, step_id="ship") == []
 
 
-def test_batch_is_all_or_nothing(ledger: Any, run: Any) -> None:
+def test_batch_is_all_or_nothing(ledger: fp.Ledger, run: fp.Run) -> None:
     units = [
         {"unit_id": "ok", "step_id": "build"},
         {"unit_id": "bad", "step_id": "build", "phase": "x"},
@@ -275,7 +277,7 @@ def test_batch_is_all_or_nothing(ledger: Any, run: Any) -> None:
     assert ledger.events(run.run_id, types=["unit.started"]) == []
 
 
-def test_units_order_and_unknown(ledger: Any, run: Any, clock: FakeClock) -> None:
+def test_units_order_and_unknown(ledger: fp.Ledger, run: fp.Run, clock: FakeClock) -> None:
     for name in ["b", "a", "c"]:
         clock.advance(1)
         ledger.reserve_attempt(run.run_id, name, step_id="build")
@@ -284,31 +286,14 @@ def test_units_order_and_unknown(ledger: Any, run: Any, clock: FakeClock) -> Non
     assert ledger.attempts(run.run_id, "nope") == []
 
 
-def test_abandoned_run_still_journals_results(ledger: Any, run: Any) -> None:
-    """AK-24: abandoning mid-dispatch still records the unit's result."""
+def test_abandoned_run_still_journals_results(ledger: fp.Ledger, run: fp.Run) -> None:
+    """Abandoning a run mid-dispatch still records a unit's result: the work happened."""
     res = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
     ledger.abandon_run(run.run_id)
     assert ledger.finish_attempt(run.run_id, "u1", 1, res.dispatch_id, status="completed")
 
 
-def test_events_paging_and_filters(ledger: Any, run: Any) -> None:
-    for i in range(30):
-        ledger.reserve_attempt(run.run_id, f"u{i}", step_id="build")
-    events = ledger.events(run.run_id)
-    assert len(events) == 31
-    assert [e.seq for e in events] == sorted(e.seq for e in events)
-    page1 = ledger.events(run.run_id, limit=10)
-    page2 = ledger.events(run.run_id, after_seq=page1[-1].seq, limit=10)
-    assert [e.seq for e in page1 + page2] == [e.seq for e in events[:20]]
-    other = ledger.start_run("wf/x", scope_key="t", steps=STEPS)
-    assert [e.resource_id for e in ledger.events()][-1] == other.run_id
-    assert len(ledger.events(types=["run.started"])) == 2
-    with pytest.raises(fp.InvalidArgument) as info:
-        ledger.events(limit=0)
-    assert info.value.argument == "limit"
-
-
-def test_dispatch_ids_unique_in_database(ledger: Any, run: Any, tmp_path: Any) -> None:
+def test_dispatch_ids_unique_in_database(ledger: fp.Ledger, run: fp.Run, tmp_path: Any) -> None:
     for i in range(50):
         ledger.reserve_attempt(run.run_id, f"u{i}", step_id="build")
     ids = [ledger.attempts(run.run_id, f"u{i}")[0].dispatch_id for i in range(50)]
@@ -331,7 +316,7 @@ def test_check_constraints_guard_statuses(tmp_path: Any) -> None:
                 db.execute(sql)
 
 
-def test_batches_match_one_by_one(ledger: Any, run: Any) -> None:
+def test_batches_match_one_by_one(ledger: fp.Ledger, run: fp.Run) -> None:
     """A mixed batch (a new attempt after a finished one, a reclaim, a new unit; finishes over
     two runs with a duplicate and a wrong dispatch id) writes what one call per item would:
     PostgreSQL runs batches as set-based statements, SQLite one by one; both must agree."""
@@ -401,5 +386,5 @@ def test_batches_match_one_by_one(ledger: Any, run: Any) -> None:
     assert twice[0].dispatch_id == twice[1].dispatch_id
 
 
-def revisions_of(ledger: Any, run_id: str) -> int:
+def revisions_of(ledger: fp.Ledger, run_id: str) -> int:
     return max(e.revision for e in ledger.events(run_id))

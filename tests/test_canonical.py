@@ -1,4 +1,4 @@
-"""RFC 8785 canonical JSON and digests (DESIGN §4 "Canonical JSON", issue: foundation).
+"""RFC 8785 canonical JSON and digests (``canonical``).
 
 Every vector in tests/vectors/jcs (vendored), every rejection with its JSON path, and a property
 test against the `rfc8785` package.

@@ -1,5 +1,5 @@
-"""The exception hierarchy of DESIGN §5 / STYLE §4: bases, structured fields, messages that say
-what to do next, and pickling (errors cross process boundaries in multiprocessing workers)."""
+"""The exception hierarchy (``errors``): bases, structured fields, messages that say what to do
+next, and pickling (errors cross process boundaries in multiprocessing workers)."""
 
 from __future__ import annotations
 

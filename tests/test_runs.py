@@ -1,5 +1,5 @@
-"""Runs and steps, the orchestrator's API (DESIGN §3, §4 "Runs and steps", §8; PRIOR_ART A7
-AK-12..AK-23 and the C2 fixes)."""
+"""Runs and steps, the orchestrator's API (``runs``): starting under the scope guard, idempotent
+child runs, lookups, step progress, and the run lifecycle every status change goes through."""
 
 from __future__ import annotations
 
@@ -10,19 +10,21 @@ from typing import Any
 import pytest
 
 import fencepost as fp
-from tests.conftest import STEPS, FakeClock
+from tests.conftest import STEPS, FakeClock, queued, started
 
 UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 
 
-def start(ledger: Any, ref: str = "wf/build", scope: str | None = "dir:v1:/repo", **kw: Any) -> Any:
+def start(
+    ledger: fp.Ledger, ref: str = "wf/build", scope: str | None = "dir:v1:/repo", **kw: Any
+) -> fp.Run:
     return ledger.start_run(ref, scope_key=scope, steps=STEPS, **kw)
 
 
 # ----------------------------------------------------------------------------- start_run
 
 
-def test_start_run_creates_active_run_with_first_step(ledger: Any, clock: FakeClock) -> None:
+def test_start_run_creates_active_run_with_first_step(ledger: fp.Ledger, clock: FakeClock) -> None:
     run = start(ledger, params={"n": 1}, title="Build the thing")
     assert UUID7.fullmatch(run.run_id)
     assert run.status == "active"
@@ -53,7 +55,7 @@ def test_start_run_creates_active_run_with_first_step(ledger: Any, clock: FakeCl
     assert events[0].payload == {"run_id": run.run_id, "status": "active"}
 
 
-def test_generated_run_ids_sort_by_time(ledger: Any, clock: FakeClock) -> None:
+def test_generated_run_ids_sort_by_time(ledger: fp.Ledger, clock: FakeClock) -> None:
     ids = []
     for i in range(5):
         clock.advance(1)
@@ -61,7 +63,7 @@ def test_generated_run_ids_sort_by_time(ledger: Any, clock: FakeClock) -> None:
     assert ids == sorted(ids)
 
 
-def test_explicit_run_id_validated_and_unique(ledger: Any) -> None:
+def test_explicit_run_id_validated_and_unique(ledger: fp.Ledger) -> None:
     run = start(ledger, run_id="run-1.a:b_c")
     assert run.run_id == "run-1.a:b_c"
     with pytest.raises(fp.InvalidArgument) as info:
@@ -79,14 +81,14 @@ def test_explicit_run_id_validated_and_unique(ledger: Any) -> None:
     [[], [{"title": "no id"}], [{"id": "a"}, {"id": "a"}], "notalist", [{"id": ""}]],
     ids=["empty", "missing id", "duplicate", "not a list", "empty id"],
 )
-def test_bad_steps_are_refused(ledger: Any, steps: Any) -> None:
+def test_bad_steps_are_refused(ledger: fp.Ledger, steps: Any) -> None:
     with pytest.raises(fp.InvalidArgument) as info:
         ledger.start_run("wf", scope_key="s", steps=steps)
     assert info.value.argument == "steps"
     assert ledger.list_runs() == []
 
 
-def test_bad_params_write_nothing(ledger: Any) -> None:
+def test_bad_params_write_nothing(ledger: fp.Ledger) -> None:
     with pytest.raises(fp.CanonicalJsonError) as info:
         start(ledger, params={"x": float("inf")})
     assert info.value.argument == "params"
@@ -95,7 +97,7 @@ def test_bad_params_write_nothing(ledger: Any) -> None:
     assert ledger.events() == []
 
 
-def test_scope_guard_refuses_second_active_run(ledger: Any) -> None:
+def test_scope_guard_refuses_second_active_run(ledger: fp.Ledger) -> None:
     first = start(ledger)
     with pytest.raises(fp.ActiveRunExists) as info:
         start(ledger)
@@ -112,10 +114,10 @@ def test_scope_guard_refuses_second_active_run(ledger: Any) -> None:
         start(ledger, ref="wf/third", guard_refs=["wf/third", "wf/build"])
 
 
-def test_scope_guard_ignores_blocked_and_terminal_runs(ledger: Any) -> None:
+def test_scope_guard_ignores_blocked_and_terminal_runs(ledger: fp.Ledger) -> None:
     first = start(ledger)
     ledger.block_run(first.run_id, notes="waiting")
-    second = start(ledger)  # AK-23: the start guard ignores blocked runs
+    second = start(ledger)  # the start guard ignores blocked runs
     assert ledger.abandon_run(second.run_id) is True
     third = start(ledger)
     assert third.status == "active"
@@ -126,7 +128,7 @@ def test_scope_guard_ignores_blocked_and_terminal_runs(ledger: Any) -> None:
     assert ledger.get_run(first.run_id).status == "blocked"
 
 
-def test_null_scope_with_guard_is_a_usage_error(ledger: Any) -> None:
+def test_null_scope_with_guard_is_a_usage_error(ledger: fp.Ledger) -> None:
     with pytest.raises(fp.InvalidArgument) as info:
         start(ledger, scope=None)
     assert info.value.argument == "scope_key"
@@ -136,7 +138,7 @@ def test_null_scope_with_guard_is_a_usage_error(ledger: Any) -> None:
 # ----------------------------------------------------------------------------- children
 
 
-def test_publish_child_run_is_idempotent(ledger: Any) -> None:
+def test_publish_child_run_is_idempotent(ledger: fp.Ledger) -> None:
     parent = start(ledger)
     child = ledger.publish_child_run(
         parent.run_id,
@@ -152,7 +154,7 @@ def test_publish_child_run_is_idempotent(ledger: Any) -> None:
     assert child.scope_key == parent.scope_key  # inherited
     assert child.status == "active"
     assert child.current_step_id == "only"
-    # AK-14: same key, different candidate id and steps: the first child comes back.
+    # Same key, different candidate id and steps: the first child comes back.
     again = ledger.publish_child_run(
         parent.run_id,
         parent_unit_id="u-8",
@@ -164,12 +166,12 @@ def test_publish_child_run_is_idempotent(ledger: Any) -> None:
     assert again == child
     assert ledger.get_run("candidate-2") is None
     assert [e.type for e in ledger.events(child.run_id)] == ["run.started"]
-    # AK-18: the scope guard does not apply to children; AK-12: the parent is untouched.
+    # The scope guard does not apply to children, and publishing leaves the parent untouched.
     assert ledger.get_run(parent.run_id) == parent
     assert ledger.child_runs(parent.run_id) == [child]
 
 
-def test_child_of_unknown_parent(ledger: Any) -> None:
+def test_child_of_unknown_parent(ledger: fp.Ledger) -> None:
     with pytest.raises(fp.RunNotFound) as info:
         ledger.publish_child_run(
             "nope", parent_unit_id="u", invocation_key="k", workflow_ref="w", steps=[{"id": "a"}]
@@ -177,7 +179,7 @@ def test_child_of_unknown_parent(ledger: Any) -> None:
     assert info.value.run_id == "nope"
 
 
-def test_child_runs_order_and_empty(ledger: Any, clock: FakeClock) -> None:
+def test_child_runs_order_and_empty(ledger: fp.Ledger, clock: FakeClock) -> None:
     parent = start(ledger)
     assert ledger.child_runs(parent.run_id) == []
     kids = []
@@ -198,7 +200,7 @@ def test_child_runs_order_and_empty(ledger: Any, clock: FakeClock) -> None:
 # ----------------------------------------------------------------------------- lookups
 
 
-def test_resolve_run_id(ledger: Any) -> None:
+def test_resolve_run_id(ledger: fp.Ledger) -> None:
     a = start(ledger, run_id="abc-1", scope="s1")
     start(ledger, run_id="abc-2", scope="s2")
     start(ledger, run_id="a_c-9", scope="s3")
@@ -216,7 +218,26 @@ def test_resolve_run_id(ledger: Any) -> None:
         ledger.resolve_run_id("ab\\")
 
 
-def test_list_runs_filters_and_order(ledger: Any, clock: FakeClock) -> None:
+def test_resolve_run_id_is_exact_first_case_sensitive_and_bounded(ledger: fp.Ledger) -> None:
+    for run_id in ("deploy", "deploy-2", "deploy_3", "Zeta"):
+        ledger.start_run("wf", scope_key=run_id, steps=STEPS, run_id=run_id)
+    assert ledger.resolve_run_id("deploy") == "deploy"  # an exact id wins over longer ones
+    assert ledger.resolve_run_id("deploy-") == "deploy-2"
+    assert ledger.resolve_run_id("deploy_") == "deploy_3"  # `_` is literal
+    assert ledger.resolve_run_id("Z") == "Zeta"
+    with pytest.raises(fp.AmbiguousRunId) as info:
+        ledger.resolve_run_id("dep")
+    assert sorted(info.value.matches) == ["deploy", "deploy-2", "deploy_3"]
+    for missing in ("DEPLOY", "zeta", "deploy%", "deploy-3"):
+        with pytest.raises(fp.RunNotFound):
+            ledger.resolve_run_id(missing)
+    for bad, says in (("", "empty"), ("d" * 60_000, "1024 bytes"), ("d\x00", "NUL")):
+        with pytest.raises(fp.InvalidArgument, match=says) as bad_info:
+            ledger.resolve_run_id(bad)
+        assert bad_info.value.argument == "prefix"
+
+
+def test_list_runs_filters_and_order(ledger: fp.Ledger, clock: FakeClock) -> None:
     r1 = start(ledger, ref="wf/a", scope="s1")
     clock.advance(10)
     r2 = start(ledger, ref="wf/b", scope="s1")
@@ -238,13 +259,13 @@ def test_list_runs_filters_and_order(ledger: Any, clock: FakeClock) -> None:
     ) == [r2.run_id]
 
 
-def test_find_active_run_and_outside_scope(ledger: Any) -> None:
+def test_find_active_run_and_outside_scope(ledger: fp.Ledger) -> None:
     here = start(ledger, ref="wf/a", scope="s1")
     assert ledger.find_active_run(["wf/a"], "s1") == here
     assert ledger.find_active_run("wf/a", "s1") == here
     assert ledger.find_active_run([], "s1") is None
     assert ledger.find_active_run(["wf/a"], "s2") is None
-    # A same-scope row must never mask another scope's stale run (akm #942).
+    # A same-scope row must never mask another scope's stale run.
     assert ledger.find_active_run_outside_scope(["wf/a"], "s1") is None
     stale = start(ledger, ref="wf/a", scope="s0")
     assert ledger.find_active_run_outside_scope(["wf/a"], "s1") == stale
@@ -252,7 +273,7 @@ def test_find_active_run_and_outside_scope(ledger: Any) -> None:
     assert ledger.find_active_run_outside_scope(["wf/z"], "s1") == unscoped
 
 
-def test_find_scope_occupant(ledger: Any) -> None:
+def test_find_scope_occupant(ledger: fp.Ledger) -> None:
     assert ledger.find_scope_occupant("s1") is None
     run = start(ledger, scope="s1")
     ledger.block_run(run.run_id)
@@ -264,7 +285,7 @@ def test_find_scope_occupant(ledger: Any) -> None:
     assert ledger.find_scope_occupant("s1") is None
 
 
-def test_unknown_run_reads(ledger: Any) -> None:
+def test_unknown_run_reads(ledger: fp.Ledger) -> None:
     assert ledger.get_run("missing") is None
     with pytest.raises(fp.RunNotFound):
         ledger.steps("missing")
@@ -273,7 +294,7 @@ def test_unknown_run_reads(ledger: Any) -> None:
 # ----------------------------------------------------------------------------- lifecycle
 
 
-def test_complete_steps_advances_and_completes(ledger: Any, clock: FakeClock) -> None:
+def test_complete_steps_advances_and_completes(ledger: fp.Ledger, clock: FakeClock) -> None:
     run = start(ledger)
     clock.advance(100)
     run = ledger.complete_step(
@@ -308,7 +329,7 @@ def test_complete_steps_advances_and_completes(ledger: Any, clock: FakeClock) ->
     assert run.revision == 5
 
 
-def test_complete_step_refusals(ledger: Any) -> None:
+def test_complete_step_refusals(ledger: fp.Ledger) -> None:
     run = start(ledger)
     with pytest.raises(fp.InvalidArgument) as info:
         ledger.complete_step(run.run_id, "build")  # not the current step
@@ -330,7 +351,7 @@ def test_complete_step_refusals(ledger: Any) -> None:
     assert (na.value.run_id, na.value.status) == (run.run_id, "cancelled")
 
 
-def test_block_resume_reopens_current_step(ledger: Any) -> None:
+def test_block_resume_reopens_current_step(ledger: fp.Ledger) -> None:
     run = start(ledger)
     blocked = ledger.block_run(run.run_id, notes="need input")
     assert blocked.status == "blocked"
@@ -352,7 +373,7 @@ def test_block_resume_reopens_current_step(ledger: Any) -> None:
     assert [e.type for e in ledger.events(run.run_id)].count("run.status") == 4
 
 
-def test_terminal_runs_cannot_be_revived(ledger: Any) -> None:
+def test_terminal_runs_cannot_be_revived(ledger: fp.Ledger) -> None:
     run = start(ledger)
     assert ledger.abandon_run(run.run_id) is True
     assert ledger.abandon_run(run.run_id) is False
@@ -368,7 +389,71 @@ def test_terminal_runs_cannot_be_revived(ledger: Any) -> None:
         ledger.abandon_run("missing")
 
 
-def test_set_outputs(ledger: Any) -> None:
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [
+        (["active", "blocked", "active", "parked", "completed"], True),
+        (["active", "completed"], True),
+        (["active", "failed"], True),
+        (["cancelled"], True),
+        (["active", "blocked", "cancelled"], True),
+        (["queued"], False),
+        (["completed"], False),
+        (["active", "starting"], False),
+        (["active", "parked", "active"], False),
+        (["active", "active"], False),
+    ],
+)
+def test_set_status_follows_the_lifecycle(
+    ledger: fp.Ledger, path: list[str], allowed: bool
+) -> None:
+    ledger.reserve_run("run-1", **queued())
+    claim = ledger.claim("run-1", "host-a", lease_ms=60_000)
+    assert claim is not None
+    *ok, last = path
+    for status in ok:
+        ledger.set_status("run-1", status, claim=claim)
+    before = ledger.get_run("run-1")
+    assert before is not None
+    if allowed:
+        run = ledger.set_status("run-1", last, claim=claim)
+        assert run.status == last
+        assert run.revision == before.revision + 1
+        assert (run.completed_at is not None) == (last in ("completed", "failed", "cancelled"))
+        event = ledger.events("run-1")[-1]
+        assert (event.type, event.payload["from"], event.payload["to"]) == (
+            "run.status", before.status, last,
+        )  # fmt: skip
+        assert event.generation == 1
+    else:
+        with pytest.raises(fp.InvalidArgument) as err:
+            ledger.set_status("run-1", last, claim=claim)
+        assert err.value.argument == "status"
+        assert before.status in str(err.value)
+        assert last in str(err.value)
+        assert ledger.get_run("run-1") == before
+
+
+def test_set_status_unknown_status(ledger: fp.Ledger) -> None:
+    claim = started(ledger)
+    with pytest.raises(fp.InvalidArgument, match="must be one of"):
+        ledger.set_status("run-1", "running", claim=claim)
+
+
+def test_set_status_cannot_break_the_scope_guard(ledger: fp.Ledger) -> None:
+    # A queued run has no scope, so it never trips the guard; blocked -> active on a guarded
+    # start_run run goes through the same transition and keeps the guard.
+    ledger.start_run("wf", scope_key="s1", steps=[{"id": "a"}], run_id="one")
+    claim = ledger.claim("one", "host-a", lease_ms=60_000)
+    assert claim is not None
+    ledger.set_status("one", "blocked", claim=claim)
+    ledger.start_run("wf", scope_key="s1", steps=[{"id": "a"}], run_id="two")
+    with pytest.raises(fp.ActiveRunExists) as err:
+        ledger.set_status("one", "active", claim=claim)
+    assert err.value.occupant_run_id == "two"
+
+
+def test_set_outputs(ledger: fp.Ledger) -> None:
     run = start(ledger)
     ledger.set_outputs(run.run_id, {"artifact": "s3://x", "score": 0.5})
     assert ledger.get_run(run.run_id).outputs == {"artifact": "s3://x", "score": 0.5}

@@ -1,4 +1,4 @@
-"""The ``fencepost`` command line (DESIGN §9): inspection commands and the demo.
+"""The ``fencepost`` command line: inspection commands and the demo.
 
 Every command takes ``--db TARGET`` (default ``$FENCEPOST_DB``, else ``./fencepost.db``) and
 ``--json``. Exit codes: 0 ok, 1 refused (not found, ambiguous, a failed check), 2 usage error.
@@ -9,8 +9,6 @@ Standard library only (``argparse``): the wheel has no runtime dependencies.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime as dt
 import json
 import os
 import pathlib
@@ -21,57 +19,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
 import fencepost as fp
+from fencepost import demo
+from fencepost._format import iso, key_values, plain, table, write_json
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 
 
 class Refused(Exception):
     """A command that cannot do what was asked (exit 1); the message is printed as is."""
-
-
-def _iso(value: dt.datetime | None) -> str:
-    if value is None:
-        return "-"
-    return value.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _plain(value: Any) -> Any:
-    """Models to JSON-ready values (datetimes as ISO 8601 UTC strings)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dt.datetime):
-        return _iso(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) -> None:
-    """Aligned columns; numbers right-aligned, everything else left."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    numeric = [all(isinstance(r[i], int) for r in rows) and rows for i in range(len(headers))]
-    for row in cells:
-        parts = [
-            c.rjust(w) if numeric[i] else c.ljust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        out.write("  ".join(parts).rstrip() + "\n")
-
-
-def write_json(value: Any, out: TextIO) -> None:
-    """One indented JSON document (models and datetimes converted) and a newline."""
-    json.dump(_plain(value), out, indent=2)
-    out.write("\n")
-
-
-def key_values(pairs: Sequence[tuple[str, Any]], out: TextIO) -> None:
-    """``key  value`` lines with the keys padded to one width (``-`` for None)."""
-    width = max(len(k) for k, _ in pairs)
-    for key, value in pairs:
-        out.write(f"{key.ljust(width)}  {'-' if value is None else value}\n")
 
 
 def default_db() -> str:
@@ -119,7 +74,7 @@ def cmd_runs(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_OK
     rows = [
         (r.run_id, r.status, r.workflow_ref, r.scope_key, r.current_step_id, r.revision,
-         _iso(r.updated_at))
+         iso(r.updated_at))
         for r in runs
     ]  # fmt: skip
     table(rows, ["RUN", "STATUS", "WORKFLOW", "SCOPE", "STEP", "REV", "UPDATED"], out)
@@ -138,11 +93,11 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     by_status = dict(sorted(Counter(u.status for u in units).items()))
     if args.json:
         doc = {
-            "run": _plain(run),
-            "steps": _plain(steps),
+            "run": plain(run),
+            "steps": plain(steps),
             "units": {"total": len(units), "by_status": by_status},
-            "lease": _plain(lease),
-            "accounting": _plain(accounting),
+            "lease": plain(lease),
+            "accounting": plain(accounting),
         }
         write_json(doc, out)
         return EXIT_OK
@@ -150,10 +105,10 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         ("run", run.run_id), ("workflow", f"{run.workflow_ref} ({run.workflow_name})"),
         ("status", run.status), ("scope", run.scope_key), ("step", run.current_step_id),
         ("parent", run.parent_run_id), ("session", run.origin_session_id),
-        ("revision", run.revision), ("created", _iso(run.created_at)),
-        ("updated", _iso(run.updated_at)), ("completed", _iso(run.completed_at)),
+        ("revision", run.revision), ("created", iso(run.created_at)),
+        ("updated", iso(run.updated_at)), ("completed", iso(run.completed_at)),
         ("lease", f"generation {lease.generation}, owner {lease.owner_id or '-'}"
-                  f" ({lease.owner_type or '-'}), expires {_iso(lease.expires_at)}"),
+                  f" ({lease.owner_type or '-'}), expires {iso(lease.expires_at)}"),
         ("units", f"{len(units)} " + " ".join(f"{k}={v}" for k, v in by_status.items())),
         ("attempts", f"{accounting.total_attempts} (unit {accounting.dispatch_attempts}, "
                      f"gate {accounting.gate_attempts}), tokens {accounting.total_tokens}"),
@@ -162,7 +117,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     if steps:
         out.write("\n")
         table(
-            [(s.sequence_index, s.step_id, s.status, _iso(s.completed_at)) for s in steps],
+            [(s.sequence_index, s.step_id, s.status, iso(s.completed_at)) for s in steps],
             ["#", "STEP", "STATUS", "COMPLETED"],
             out,
         )
@@ -171,7 +126,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
 
 def _event_rows(events: list[fp.Event]) -> list[tuple[Any, ...]]:
     return [
-        (e.seq, _iso(e.ts), e.resource_id, e.revision, e.type,
+        (e.seq, iso(e.ts), e.resource_id, e.revision, e.type,
          f"{e.actor_type}:{e.actor_id}" if e.actor_type else None, e.generation,
          json.dumps(e.payload, separators=(",", ":"), ensure_ascii=False)[:80])
         for e in events
@@ -191,7 +146,7 @@ def cmd_events(args: argparse.Namespace, out: TextIO) -> int:
             events = ledger.events(run_id, after_seq=after, limit=args.limit)
             if args.json:
                 for e in events:
-                    out.write(json.dumps(_plain(e), ensure_ascii=False) + "\n")
+                    out.write(json.dumps(plain(e), ensure_ascii=False) + "\n")
             elif events:
                 table(_event_rows(events), EVENT_HEADERS, out)
             if events:
@@ -214,8 +169,8 @@ def cmd_leases(args: argparse.Namespace, out: TextIO) -> int:
         write_json(leases, out)
         return EXIT_OK
     rows = [
-        (le.run_id, le.generation, le.owner_id, le.owner_type, _iso(le.expires_at),
-         _iso(le.heartbeat_at))
+        (le.run_id, le.generation, le.owner_id, le.owner_type, iso(le.expires_at),
+         iso(le.heartbeat_at))
         for le in leases
     ]  # fmt: skip
     table(rows, ["RUN", "GEN", "OWNER", "TYPE", "EXPIRES", "HEARTBEAT"], out)
@@ -241,7 +196,7 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
         "orphan_attempts": [
             {"run_id": r, "unit_id": u, "attempt": a, "dispatch_id": d} for r, u, a, d in orphans
         ],
-        "expired_leases_on_active_runs": _plain(expired),
+        "expired_leases_on_active_runs": plain(expired),
         "healthy": healthy,
     }
     if args.json:
@@ -264,7 +219,7 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"  orphan: run {r} unit {u} attempt {a} dispatch {d}\n")
         for le in expired:
             out.write(
-                f"  expired: run {le.run_id} owner {le.owner_id} since {_iso(le.expires_at)}\n"
+                f"  expired: run {le.run_id} owner {le.owner_id} since {iso(le.expires_at)}\n"
             )
         out.write("healthy\n" if healthy else "NOT healthy\n")
     return EXIT_OK if healthy else EXIT_REFUSED
@@ -299,8 +254,6 @@ def parser() -> argparse.ArgumentParser:
     )
     top.add_argument("--version", action="version", version=f"fencepost {fp.__version__}")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    from fencepost import demo
 
     d = sub.add_parser("demo", help="fan out units over worker processes, kill -9 one")
     demo.add_arguments(d)

@@ -30,6 +30,7 @@ from multiprocessing.connection import wait
 from typing import Any, TextIO
 
 import fencepost as fp
+from fencepost._format import key_values, write_json
 from fencepost.ledger import redact_target
 
 BATCH = 50
@@ -351,8 +352,6 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         "units_per_s": round(units / wall, 1),
         "invariants": checks,
     }
-    from fencepost.cli import key_values, write_json  # cli imports this module lazily
-
     if args.json:
         write_json(report, out)
     else:

@@ -1,5 +1,5 @@
-"""Claims between real processes (issue: "Run queue, claims and fencing", PRIOR_ART C7): exactly
-one winner per (run, generation) under contention, one `claimed` and the rest `adopted` for a
+"""Claims between real processes (``leases``) on a SQLite file and on PostgreSQL: exactly one
+winner per (run, generation) under contention, one `claimed` and the rest `adopted` for a
 prepare_or_adopt race, and kill -9 of a claimed worker mid-loop: the file stays consistent, the
 dead owner's lease blocks others until it expires, then another process takes over at the next
 generation and reclaims the in-flight attempts in place. These use the real clock (several
@@ -8,23 +8,18 @@ processes cannot share an injected one), with leases of milliseconds."""
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import os
 import random
-import signal
 import time
 from typing import Any
 
 import pytest
 
 import fencepost as fp
-from tests.conftest import raw_db
-from tests.test_claims import queued
-from tests.test_concurrency import _outcome, _run_all
-from tests.test_crash import check_invariants
+from tests.conftest import queued, raw_db
+from tests.processes import check_invariants, kill_mid_flight, outcome, run_all
 
 RUNS = 12
-FORK = multiprocessing.get_context("fork")
 
 
 def _claimer(i: int, barrier: Any, queue: Any, path: str, seconds: float) -> None:
@@ -36,9 +31,7 @@ def _claimer(i: int, barrier: Any, queue: Any, path: str, seconds: float) -> Non
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             run_id = f"run-{rnd.randrange(RUNS)}"
-            kind, got = _outcome(
-                lambda run_id=run_id: ledger.claim(run_id, f"host-{i}", lease_ms=1)
-            )
+            kind, got = outcome(lambda run_id=run_id: ledger.claim(run_id, f"host-{i}", lease_ms=1))
             if kind != "ok":
                 errors += 1
             elif got is None:
@@ -55,7 +48,7 @@ def test_one_winner_per_generation_under_contention(target: str) -> None:
     with fp.Ledger.open(path) as ledger:
         for r in range(RUNS):
             ledger.reserve_run(f"run-{r}", **queued(f"run-{r}"))
-    results = _run_all(_claimer, [(path, 1.5)] * 4)
+    results = run_all(_claimer, [(path, 1.5)] * 4)
     winner: dict[tuple[str, int], tuple[int, str]] = {}
     for proc, (wins, _, errors) in enumerate(results):
         assert errors == 0  # no StoreBusy and no raw error under contention
@@ -77,7 +70,7 @@ def test_one_winner_per_generation_under_contention(target: str) -> None:
 def _prepare(i: int, barrier: Any, queue: Any, path: str, run_id: str) -> None:
     with fp.Ledger.open(path) as ledger:
         barrier.wait()
-        kind, got = _outcome(
+        kind, got = outcome(
             lambda: ledger.prepare_or_adopt(
                 run_id, **queued(run_id, runner_id=f"host-{i}"), lease_ms=60_000
             )
@@ -90,7 +83,7 @@ def test_prepare_or_adopt_race_has_one_claimer(target: str) -> None:
     fp.Ledger.open(path).close()
     for round_ in range(3):
         run_id = f"contested-{round_}"
-        results = _run_all(_prepare, [(path, run_id)] * 4)
+        results = run_all(_prepare, [(path, run_id)] * 4)
         assert sorted(results) == [
             ("ok", ("adopted", False)), ("ok", ("adopted", False)),
             ("ok", ("adopted", False)), ("ok", ("claimed", True)),
@@ -138,14 +131,7 @@ def test_sigkill_of_a_claimed_worker_then_takeover(target: str) -> None:
     rnd = random.Random(3)
     generations = [1]
     for k in range(12):
-        ready = FORK.Event()
-        proc = FORK.Process(target=_worker, args=(path, k, ready))
-        proc.start()
-        assert ready.wait(30)
-        time.sleep(rnd.uniform(0.01, 0.1))
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(30)
-        assert proc.exitcode == -signal.SIGKILL
+        kill_mid_flight(_worker, (path, k), rnd.uniform(0.01, 0.1))
         check_invariants(path)
         with fp.Ledger.open(path) as ledger:
             lease = ledger.lease("work")

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 import fencepost as fp
-from tests.conftest import PG_URL, pg_connect, pg_schema
+from tests.conftest import PG_URL, pg_connect, pg_schema, schema_of
 
 
 def _server_tls() -> tuple[bool, pathlib.Path]:
@@ -152,7 +152,7 @@ def test_bad_tls_settings_are_invalid_arguments(url: str, query: str, says: str)
     assert says in str(err.value)
     # Refused before connecting: the schema was never created.
     with pg_connect(PG_URL) as conn:
-        schema = url.rsplit("schema=", 1)[1]
+        schema = schema_of(url)
         found = conn.execute(
             "SELECT count(*) FROM information_schema.schemata WHERE schema_name = %s", (schema,)
         ).fetchone()

@@ -1,10 +1,10 @@
-"""Several hosts on one PostgreSQL ledger (issue: "PostgreSQL backend", multi-host simulation):
-8 processes, each with its own connection, claim and work disjoint and shared runs under short
-leases while two of them are killed with SIGKILL mid-loop. From the database afterwards:
-exactly one winner per (run, generation), no fenced write that carries a generation already
-superseded when it committed, revisions gap-free, every attempt with its `unit.started`, stale
-writers refused, nothing a killed process committed lost — and after expiry another process
-takes over every run and finishes what the dead left running, in place."""
+"""Several hosts on one PostgreSQL ledger, fenced by their leases (``leases``): 8 processes,
+each with its own connection, claim and work disjoint and shared runs under short leases while
+two of them are killed with SIGKILL mid-loop. From the database afterwards: exactly one winner
+per (run, generation), no fenced write that carries a generation already superseded when it
+committed, revisions gap-free, every attempt with its `unit.started`, stale writers refused,
+nothing a killed process committed lost — and after expiry another process takes over every
+run and finishes what the dead left running, in place."""
 
 from __future__ import annotations
 
@@ -18,9 +18,8 @@ from collections import defaultdict
 from typing import Any
 
 import fencepost as fp
-from tests.conftest import pg_schema, raw_db
-from tests.test_claims import queued
-from tests.test_crash import check_invariants
+from tests.conftest import pg_schema, queued, raw_db
+from tests.processes import check_invariants
 
 PROCS = 8
 SHARED = [f"shared-{k}" for k in range(4)]

@@ -1,0 +1,97 @@
+"""Helpers for the tests that race real processes on one ledger: start them behind a barrier,
+report each call's outcome without raising, and check a ledger's invariants afterwards."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from typing import Any
+
+import fencepost as fp
+from tests.conftest import raw_db
+
+SPAWN = multiprocessing.get_context("spawn")
+FORK = multiprocessing.get_context("fork")
+
+
+def run_all(target: Any, args: list[tuple[Any, ...]]) -> list[Any]:
+    """Start one process per args tuple behind a barrier; return their results in order.
+    ``target(i, barrier, queue, *args)`` puts ``(i, result)`` on the queue."""
+    barrier = SPAWN.Barrier(len(args))
+    queue = SPAWN.Queue()
+    procs = [SPAWN.Process(target=target, args=(i, barrier, queue, *a)) for i, a in enumerate(args)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return [results[i] for i in range(len(args))]
+
+
+def kill_mid_flight(target: Any, args: tuple[Any, ...], pause_s: float) -> None:
+    """Fork a process running ``target(*args, ready)``, wait until it sets ``ready``, let it
+    work for ``pause_s``, then ``kill -9`` it and check that the signal is what ended it."""
+    ready = FORK.Event()
+    proc = FORK.Process(target=target, args=(*args, ready))
+    proc.start()
+    assert ready.wait(30)
+    time.sleep(pause_s)
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(30)
+    assert proc.exitcode == -signal.SIGKILL
+
+
+def outcome(fn: Any) -> tuple[str, Any]:
+    """``("ok", value)``, or the fencepost error's class name and the error; anything else is
+    marked ``RAW`` (a raw database error must never reach a caller)."""
+    try:
+        return "ok", fn()
+    except fp.LedgerError as e:
+        return type(e).__name__, e
+    except Exception as e:
+        return "RAW " + type(e).__name__, repr(e)
+
+
+def check_invariants(path: str) -> int:
+    """Return the number of attempts after asserting every invariant on the ledger: the
+    database's own integrity check, a ``unit.started`` event for every attempt, one
+    ``unit.finished`` for every finished attempt and none for a running one, and each unit
+    matching its latest attempt."""
+    with raw_db(path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        attempts = db.execute(
+            "SELECT run_id, unit_id, attempt, dispatch_id, status FROM attempts"
+        ).fetchall()
+        started = db.execute(
+            "SELECT json_extract(payload, '$.dispatch_id'), count(*) FROM events "
+            "WHERE type = 'unit.started' GROUP BY 1"
+        ).fetchall()
+        finished = db.execute(
+            "SELECT json_extract(payload, '$.dispatch_id'), count(*) FROM events "
+            "WHERE type = 'unit.finished' GROUP BY 1"
+        ).fetchall()
+        latest = db.execute(
+            "SELECT u.unit_id, u.attempts, u.status, a.status FROM units u JOIN attempts a "
+            "ON a.run_id = u.run_id AND a.unit_id = u.unit_id AND a.attempt = u.attempts"
+        ).fetchall()
+        unit_count = db.execute("SELECT count(*) FROM units").fetchone()[0]
+        max_attempts = db.execute(
+            "SELECT count(*) FROM units u WHERE u.attempts <> (SELECT max(attempt) "
+            "FROM attempts a WHERE a.run_id = u.run_id AND a.unit_id = u.unit_id)"
+        ).fetchone()[0]
+    started_by = dict(started)
+    finished_by = dict(finished)
+    for _, _, _, dispatch_id, status in attempts:
+        assert started_by.get(dispatch_id) == 1, f"attempt {dispatch_id} lacks its started event"
+        want = 0 if status == "running" else 1
+        assert finished_by.get(dispatch_id, 0) == want, f"finished events of {dispatch_id}"
+    assert len(started_by) == len(attempts)
+    assert set(finished_by) <= set(started_by)
+    assert len(latest) == unit_count
+    assert max_attempts == 0
+    assert all(unit_status == attempt_status for _, _, unit_status, attempt_status in latest)
+    return len(attempts)

@@ -1,0 +1,268 @@
+"""Forward-only migrations (``store/migrate``) on both backends: opening applies the
+numbered migrations a database lacks and records each, reopening applies none; a database from a
+newer fencepost is ``SchemaError`` and one that is not a fencepost ledger ``StoreError``, each
+left as it was (a refused SQLite file byte for byte); ``create=False`` and the read commands
+never make a schema; on PostgreSQL many processes may open a fresh schema at once."""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import sqlite3
+from typing import Any
+
+import pytest
+
+import fencepost as fp
+from tests.conftest import (
+    PG_URL,
+    REPO,
+    applied_migrations,
+    cli,
+    pg_connect,
+    pg_schema,
+    raw_db,
+    schema_of,
+)
+from tests.processes import outcome, run_all
+
+# ------------------------------------------------------------------ SQLite
+
+
+def test_reopen_is_a_no_op_on_sqlite(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "ledger.db"
+    fp.Ledger.open(str(path)).close()
+    before = applied_migrations(path)
+    with raw_db(path) as db:
+        applied = db.execute("SELECT applied_at FROM schema_migrations").fetchall()
+    fp.Ledger.open(str(path)).close()
+    assert applied_migrations(path) == before
+    with raw_db(path) as db:
+        assert db.execute("SELECT applied_at FROM schema_migrations").fetchall() == applied
+
+
+def test_newer_sqlite_schema_is_refused_and_left_alone(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "newer.db"
+    fp.Ledger.open(str(path)).close()
+    with raw_db(path) as db:
+        db.execute(
+            "INSERT INTO schema_migrations(version, name, applied_at) VALUES (999, 'future', 0)"
+        )
+        db.commit()
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    before = path.read_bytes()
+    with pytest.raises(fp.SchemaError) as info:
+        fp.Ledger.open(str(path))
+    assert info.value.database_version == 999
+    assert info.value.library_version == fp.SCHEMA_VERSION
+    assert "upgrade fencepost" in str(info.value)
+    assert applied_migrations(path)[-1] == (999, "future")
+    assert path.read_bytes() == before
+
+
+def sha(path: pathlib.Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def foreign_sqlite(path: pathlib.Path) -> None:
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT)")
+    db.execute("INSERT INTO notes(body) VALUES ('mine')")
+    db.commit()
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    db.close()
+
+
+def newer_fencepost(path: pathlib.Path) -> None:
+    fp.Ledger.open(str(path)).close()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode = DELETE")
+    db.execute("INSERT INTO schema_migrations(version, name, applied_at) VALUES (99, 'x', 0)")
+    db.commit()
+    db.close()
+
+
+def not_sqlite(path: pathlib.Path) -> None:
+    path.write_bytes(b"not a database, just some text\n" * 200)
+
+
+@pytest.mark.parametrize("make", [foreign_sqlite, newer_fencepost, not_sqlite])
+@pytest.mark.parametrize("create", [True, False])
+def test_a_refused_file_is_left_byte_for_byte(
+    tmp_path: pathlib.Path, make: Any, create: bool
+) -> None:
+    path = tmp_path / "other.db"
+    make(path)
+    before = sha(path)
+    expected = fp.SchemaError if make is newer_fencepost else fp.StoreError
+    with pytest.raises(expected):
+        fp.Ledger.open(str(path), create=create)
+    assert sha(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]  # no -wal, no -shm
+
+
+# ------------------------------------------------------------------ PostgreSQL
+
+
+def test_open_creates_the_schema_and_records_the_migration() -> None:
+    with pg_schema() as url:
+        with fp.Ledger.open(url) as ledger:
+            p = ledger.pragmas()
+            assert p["journal_mode"] == "postgresql"
+            assert p["schema_version"] == fp.SCHEMA_VERSION
+            assert ledger.integrity_check() == ["ok"]
+        with pg_connect(url) as conn:
+            rows = conn.execute(
+                "SELECT version, name FROM schema_migrations ORDER BY version"
+            ).fetchall()
+            assert rows == [(1, "init"), (2, "fillfactor")]
+            tables = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                    (schema_of(url),),
+                )
+            }
+            assert {"runs", "events", "attempts", "leases", "units", "blobs"} <= tables
+        # The public schema is untouched.
+        with pg_connect(PG_URL) as conn:
+            public = conn.execute(
+                "SELECT count(*) FROM information_schema.tables "
+                "WHERE table_schema = 'public' AND table_name = 'runs'"
+            ).fetchone()
+            assert public is not None
+            assert public[0] == 0
+
+
+MIGRATIONS = REPO / "rust" / "store" / "postgres" / "migrations"
+
+
+def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
+    # The schema as version 1 left it (its own migration file, run by hand), with a run and an
+    # attempt in it; opening applies 0002 only and keeps every row.
+    with pg_schema() as url:
+        with pg_connect(PG_URL) as conn:
+            conn.execute(f'CREATE SCHEMA "{schema_of(url)}"')
+        with pg_connect(url) as conn:
+            conn.execute(
+                "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, "
+                "name TEXT NOT NULL, applied_at BIGINT NOT NULL)"
+            )
+            conn.execute((MIGRATIONS / "0001_init.sql").read_text())
+            conn.execute("INSERT INTO schema_migrations VALUES (1, 'init', 7)")
+        with fp.Ledger.open(url) as ledger:
+            ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="old", force=True)
+            res = ledger.reserve_attempt("old", "u1", step_id="s")
+        # Back to version 1 on paper only: the ledger row goes, the tables and rows stay.
+        with pg_connect(url) as conn:
+            conn.execute("DELETE FROM schema_migrations WHERE version = 2")
+            conn.execute("ALTER TABLE attempts RESET (fillfactor)")
+            conn.execute("ALTER TABLE units RESET (fillfactor)")
+        with fp.Ledger.open(url) as ledger:
+            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 2
+            assert ledger.finish_attempt(
+                "old", "u1", res.attempt, res.dispatch_id, status="completed"
+            )
+            assert ledger.get_run("old") is not None
+        with pg_connect(url) as conn:
+            rows = conn.execute(
+                "SELECT version, name, applied_at FROM schema_migrations ORDER BY version"
+            ).fetchall()
+            assert rows[0] == (1, "init", 7)
+            assert rows[1][:2] == (2, "fillfactor")
+            options = dict(
+                conn.execute(
+                    "SELECT relname, reloptions FROM pg_class "
+                    "WHERE relnamespace = %s::regnamespace AND relname IN ('attempts', 'units')",
+                    (schema_of(url),),
+                ).fetchall()
+            )
+            assert options == {"attempts": ["fillfactor=50"], "units": ["fillfactor=50"]}
+
+
+def test_reopen_is_a_no_op_and_the_schema_keyword_equals_the_url() -> None:
+    with pg_schema() as url:
+        base, schema = url.split("?schema=")
+        with fp.Ledger.open(url) as ledger:
+            ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True)
+        with fp.Ledger.open(base, schema=schema) as ledger:
+            run = ledger.get_run("r1")
+            assert run is not None
+            assert run.revision == 1
+        with pg_connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone() == (
+                fp.SCHEMA_VERSION,
+            )
+
+
+def test_newer_postgresql_schema_is_refused_and_left_alone() -> None:
+    with pg_schema() as url:
+        fp.Ledger.open(url).close()
+        with pg_connect(url) as conn:
+            conn.execute(
+                "INSERT INTO schema_migrations(version, name, applied_at) VALUES (999, 'f', 0)"
+            )
+        with pytest.raises(fp.SchemaError) as info:
+            fp.Ledger.open(url)
+        assert (info.value.database_version, info.value.library_version) == (
+            999,
+            fp.SCHEMA_VERSION,
+        )
+        with pg_connect(url) as conn:
+            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (999,)
+
+
+def test_a_schema_holding_other_tables_is_refused() -> None:
+    with pg_schema() as url:
+        schema = schema_of(url)
+        with pg_connect(PG_URL) as conn:
+            conn.execute(f'CREATE SCHEMA "{schema}"')
+            conn.execute(f'CREATE TABLE "{schema}".theirs (x int)')
+        with pytest.raises(fp.StoreError, match="not a fencepost ledger"):
+            fp.Ledger.open(url)
+        with pg_connect(url) as conn:
+            assert conn.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s",
+                (schema,),
+            ).fetchone() == (1,)
+
+
+def schema_exists(name: str) -> bool:
+    with pg_connect(PG_URL) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (name,))
+        return bool(row.fetchone()[0])
+
+
+@pytest.mark.postgres
+def test_create_false_and_read_commands_never_make_a_schema() -> None:
+    with pg_schema() as url:
+        name = schema_of(url)
+        with pytest.raises(fp.StoreError, match="no fencepost ledger"):
+            fp.Ledger.open(url, create=False)
+        assert not schema_exists(name)
+        for command in (["runs"], ["events"], ["leases"], ["doctor"], ["show", "r1"]):
+            done = cli(*command, "--db", url)
+            assert done.returncode == 1, (command, done.stdout, done.stderr)
+            assert "no fencepost ledger" in done.stderr, done.stderr
+            assert not schema_exists(name), command
+        fp.Ledger.open(url).close()  # create=True (the default) makes it
+        assert schema_exists(name)
+        assert cli("runs", "--db", url).returncode == 0
+
+
+def _open_fresh(i: int, barrier: Any, queue: Any, url: str) -> None:
+    barrier.wait()
+    kind, got = outcome(lambda: fp.Ledger.open(url).pragmas()["schema_version"])
+    queue.put((i, (kind, got if kind == "ok" else repr(got))))
+
+
+def test_several_processes_open_a_fresh_schema_at_once() -> None:
+    """Migrations run under an advisory lock: one process creates the schema, the others wait
+    and find it migrated; nobody sees a half-made schema or a duplicate-table error."""
+    with pg_schema() as url:
+        results = run_all(_open_fresh, [(url,)] * 6)
+        assert results == [("ok", fp.SCHEMA_VERSION)] * 6
+        with pg_connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone() == (
+                fp.SCHEMA_VERSION,
+            )

@@ -1,13 +1,13 @@
 """Stub for the compiled core (hand-written; checked by ``python -m mypy.stubtest``).
 
-The facade (``fencepost.Ledger``) is the public API; these are the calls it makes. Methods
-with many keywords take them as ``**kwargs`` at run time, spelled out here one by one, so mypy
-checks every keyword the facade forwards. Records come back as the models of
-:mod:`fencepost.models`; ``get_json`` returns canonical JSON bytes.
+The facade (``fencepost.Ledger``) is the public API; these are the calls it makes. A method
+with many keywords takes them as one dict, typed here by a ``TypedDict`` so mypy checks every
+key and value the facade passes. Records come back as the models of :mod:`fencepost.models`;
+``get_json`` returns canonical JSON bytes.
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, final
+from typing import Any, Final, TypedDict, final
 
 from fencepost.models import (
     Accounting,
@@ -33,6 +33,74 @@ def canonical_json(value: object) -> bytes:
 def digest(value: object) -> str:
     """``"sha256:" + hex(sha256(canonical_json(value)))``; raises ``CanonicalJsonError``."""
 
+# The keyword sets passed as one dict (the facade's keywords of the same names).
+
+class _StartRun(TypedDict):
+    workflow_ref: str
+    scope_key: str | None
+    steps: Sequence[Mapping[str, Any]]
+    params: object
+    plan: object
+    run_id: str | None
+    title: str | None
+    guard_refs: list[str] | None
+    force: bool
+    agent_harness: str | None
+    agent_session_id: str | None
+
+class _ChildRun(TypedDict):
+    parent_run_id: str
+    parent_unit_id: str
+    invocation_key: str
+    workflow_ref: str
+    steps: Sequence[Mapping[str, Any]]
+    params: object
+    plan: object
+    run_id: str | None
+
+class _StepResult(TypedDict):
+    status: str
+    notes: str | None
+    evidence: object
+    summary: str | None
+
+class _Unit(TypedDict):
+    unit_id: str
+    step_id: str
+    node_id: str | None
+    phase: str
+    runner: str | None
+    engine: str | None
+    model: str | None
+    input_hash: str | None
+    worktree_path: str | None
+    parent_unit_id: str | None
+    holder: str | None
+
+class _Finish(TypedDict):
+    run_id: str
+    unit_id: str
+    attempt: int
+    dispatch_id: str
+    status: str
+    result: object
+    tokens: int | None
+    failure_reason: str | None
+    session_id: str | None
+
+class _QueuedRun(TypedDict):
+    run_id: str
+    workflow_name: str
+    workflow_ref: str
+    source: object
+    definition_digest: str
+    definition: object
+    input: object
+    launch_options: object
+    runner_id: str
+    origin_session_id: str
+    parent_run_id: str | None
+
 @final
 class Ledger:
     def __new__(
@@ -53,33 +121,8 @@ class Ledger:
     def orphan_attempts(self) -> list[tuple[str, str, int, str]]: ...
     def put_json(self, value: object) -> str: ...
     def get_json(self, digest: str) -> bytes: ...
-    def start_run(
-        self,
-        *,
-        workflow_ref: str,
-        scope_key: str | None,
-        steps: Sequence[Mapping[str, Any]],
-        params: object = None,
-        plan: object = None,
-        run_id: str | None = None,
-        title: str | None = None,
-        guard_refs: list[str] | None = None,
-        force: bool,
-        agent_harness: str | None = None,
-        agent_session_id: str | None = None,
-    ) -> Run: ...
-    def publish_child_run(
-        self,
-        *,
-        parent_run_id: str,
-        parent_unit_id: str,
-        invocation_key: str,
-        workflow_ref: str,
-        steps: Sequence[Mapping[str, Any]],
-        params: object = None,
-        plan: object = None,
-        run_id: str | None = None,
-    ) -> Run: ...
+    def start_run(self, run: _StartRun) -> Run: ...
+    def publish_child_run(self, child: _ChildRun) -> Run: ...
     def get_run(self, run_id: str) -> Run | None: ...
     def resolve_run_id(self, prefix: str) -> str: ...
     def list_runs(
@@ -97,54 +140,17 @@ class Ledger:
     def child_runs(self, parent_run_id: str) -> list[Run]: ...
     def steps(self, run_id: str) -> list[Step]: ...
     def complete_step(
-        self,
-        run_id: str,
-        step_id: str,
-        *,
-        claim: Claim | None,
-        status: str,
-        notes: str | None = None,
-        evidence: object = None,
-        summary: str | None = None,
+        self, run_id: str, step_id: str, result: _StepResult, claim: Claim | None
     ) -> Run: ...
     def block_run(self, run_id: str, notes: str | None) -> Run: ...
     def resume_run(self, run_id: str) -> Run: ...
     def abandon_run(self, run_id: str) -> bool: ...
     def set_outputs(self, run_id: str, outputs: object, claim: Claim | None) -> None: ...
-    def reserve_attempt(
-        self,
-        run_id: str,
-        *,
-        claim: Claim | None,
-        unit_id: str,
-        step_id: str,
-        node_id: str | None = None,
-        phase: str,
-        runner: str | None = None,
-        engine: str | None = None,
-        model: str | None = None,
-        input_hash: str | None = None,
-        worktree_path: str | None = None,
-        parent_unit_id: str | None = None,
-        holder: str | None = None,
-    ) -> Reservation: ...
+    def reserve_attempt(self, run_id: str, unit: _Unit, claim: Claim | None) -> Reservation: ...
     def reserve_attempts(
         self, run_id: str, units: Sequence[Mapping[str, Any]], claim: Claim | None
     ) -> list[Reservation]: ...
-    def finish_attempt(
-        self,
-        *,
-        claim: Claim | None,
-        run_id: str,
-        unit_id: str,
-        attempt: int,
-        dispatch_id: str,
-        status: str,
-        result: object = None,
-        tokens: int | None = None,
-        failure_reason: str | None = None,
-        session_id: str | None = None,
-    ) -> bool: ...
+    def finish_attempt(self, finish: _Finish, claim: Claim | None) -> bool: ...
     def finish_attempts(
         self, finishes: Sequence[Mapping[str, Any]], claim: Claim | None
     ) -> list[bool]: ...
@@ -152,37 +158,9 @@ class Ledger:
     def units(self, run_id: str, step_id: str | None) -> list[Unit]: ...
     def unit(self, run_id: str, unit_id: str) -> Unit | None: ...
     def accounting(self, run_id: str) -> Accounting: ...
-    def reserve_run(
-        self,
-        *,
-        run_id: str,
-        workflow_name: str,
-        workflow_ref: str,
-        source: object,
-        definition_digest: str,
-        definition: object,
-        input: object = None,
-        launch_options: object = None,
-        runner_id: str,
-        origin_session_id: str,
-        parent_run_id: str | None = None,
-    ) -> Run: ...
+    def reserve_run(self, run: _QueuedRun) -> Run: ...
     def prepare_or_adopt(
-        self,
-        *,
-        lease_ms: int,
-        claim_token: str | None,
-        run_id: str,
-        workflow_name: str,
-        workflow_ref: str,
-        source: object,
-        definition_digest: str,
-        definition: object,
-        input: object = None,
-        launch_options: object = None,
-        runner_id: str,
-        origin_session_id: str,
-        parent_run_id: str | None = None,
+        self, run: _QueuedRun, lease_ms: int, claim_token: str | None
     ) -> ClaimedPreparation | AdoptedPreparation: ...
     def claim(
         self, run_id: str, runner_id: str, lease_ms: int, token: str | None

@@ -2,7 +2,8 @@
 
 The facade holds the public signatures (keyword names, defaults, docstrings) and shapes a few
 arguments (target parsing, one ``str`` or an iterable as a list); it forwards everything else
-by keyword. Every operation runs in Rust as one transaction with the GIL released, and the core
+by name: a method with many keywords passes them as one dict, which ``_core.pyi`` types key by
+key. Every operation runs in Rust as one transaction with the GIL released, and the core
 returns the models of :mod:`fencepost.models` ready-made.
 """
 
@@ -255,17 +256,19 @@ class Ledger:
         enforces it, so racing processes cannot both win. ``params`` defaults to ``{}``.
         """
         return self._core.start_run(
-            workflow_ref=workflow_ref,
-            scope_key=scope_key,
-            steps=steps,
-            params=params,
-            plan=plan,
-            run_id=run_id,
-            title=title,
-            guard_refs=_refs(guard_refs, "guard_refs"),
-            force=force,
-            agent_harness=agent_harness,
-            agent_session_id=agent_session_id,
+            {
+                "workflow_ref": workflow_ref,
+                "scope_key": scope_key,
+                "steps": steps,
+                "params": params,
+                "plan": plan,
+                "run_id": run_id,
+                "title": title,
+                "guard_refs": _refs(guard_refs, "guard_refs"),
+                "force": force,
+                "agent_harness": agent_harness,
+                "agent_session_id": agent_session_id,
+            },
         )
 
     def publish_child_run(
@@ -283,14 +286,16 @@ class Ledger:
         """Publish the child of ``parent_run_id`` for ``invocation_key``, or return the one
         already published (idempotent; concurrent publishers all get the same child)."""
         return self._core.publish_child_run(
-            parent_run_id=parent_run_id,
-            parent_unit_id=parent_unit_id,
-            invocation_key=invocation_key,
-            workflow_ref=workflow_ref,
-            steps=steps,
-            params=params,
-            plan=plan,
-            run_id=run_id,
+            {
+                "parent_run_id": parent_run_id,
+                "parent_unit_id": parent_unit_id,
+                "invocation_key": invocation_key,
+                "workflow_ref": workflow_ref,
+                "steps": steps,
+                "params": params,
+                "plan": plan,
+                "run_id": run_id,
+            },
         )
 
     def get_run(self, run_id: str) -> Run | None:
@@ -358,11 +363,13 @@ class Ledger:
         return self._core.complete_step(
             run_id,
             step_id,
-            status=status,
-            notes=notes,
-            evidence=evidence,
-            summary=summary,
-            claim=claim,
+            {
+                "status": status,
+                "notes": notes,
+                "evidence": evidence,
+                "summary": summary,
+            },
+            claim,
         )
 
     def block_run(self, run_id: str, *, notes: str | None = None) -> Run:
@@ -405,18 +412,20 @@ class Ledger:
         (same number and ``dispatch_id``; refused if ``step_id``/``input_hash`` changed)."""
         return self._core.reserve_attempt(
             run_id,
-            unit_id=unit_id,
-            step_id=step_id,
-            node_id=node_id,
-            phase=phase,
-            runner=runner,
-            engine=engine,
-            model=model,
-            input_hash=input_hash,
-            worktree_path=worktree_path,
-            parent_unit_id=parent_unit_id,
-            holder=holder,
-            claim=claim,
+            {
+                "unit_id": unit_id,
+                "step_id": step_id,
+                "node_id": node_id,
+                "phase": phase,
+                "runner": runner,
+                "engine": engine,
+                "model": model,
+                "input_hash": input_hash,
+                "worktree_path": worktree_path,
+                "parent_unit_id": parent_unit_id,
+                "holder": holder,
+            },
+            claim,
         )
 
     def reserve_attempts(
@@ -444,16 +453,18 @@ class Ledger:
         attempt, ``dispatch_id`` and ``running``). ``False``, and nothing written, for a
         duplicate, late or unknown finish."""
         return self._core.finish_attempt(
-            run_id=run_id,
-            unit_id=unit_id,
-            attempt=attempt,
-            dispatch_id=dispatch_id,
-            status=status,
-            result=result,
-            tokens=tokens,
-            failure_reason=failure_reason,
-            session_id=session_id,
-            claim=claim,
+            {
+                "run_id": run_id,
+                "unit_id": unit_id,
+                "attempt": attempt,
+                "dispatch_id": dispatch_id,
+                "status": status,
+                "result": result,
+                "tokens": tokens,
+                "failure_reason": failure_reason,
+                "session_id": session_id,
+            },
+            claim,
         )
 
     def finish_attempts(
@@ -501,17 +512,19 @@ class Ledger:
         never trusted. With ``parent_run_id`` the run continues a ``parked`` parent of the same
         ``origin_session_id``, which becomes ``completed``."""
         return self._core.reserve_run(
-            run_id=run_id,
-            workflow_name=workflow_name,
-            workflow_ref=workflow_ref,
-            source=source,
-            definition_digest=definition_digest,
-            definition=definition,
-            input=input,
-            launch_options=launch_options,
-            runner_id=runner_id,
-            origin_session_id=origin_session_id,
-            parent_run_id=parent_run_id,
+            {
+                "run_id": run_id,
+                "workflow_name": workflow_name,
+                "workflow_ref": workflow_ref,
+                "source": source,
+                "definition_digest": definition_digest,
+                "definition": definition,
+                "input": input,
+                "launch_options": launch_options,
+                "runner_id": runner_id,
+                "origin_session_id": origin_session_id,
+                "parent_run_id": parent_run_id,
+            },
         )
 
     def prepare_or_adopt(
@@ -536,19 +549,21 @@ class Ledger:
         for ``runner_id`` (``state="claimed"`` with the claim). Checking ``state`` narrows
         ``claim`` for a type checker."""
         return self._core.prepare_or_adopt(
-            run_id=run_id,
-            workflow_name=workflow_name,
-            workflow_ref=workflow_ref,
-            source=source,
-            definition_digest=definition_digest,
-            definition=definition,
-            input=input,
-            launch_options=launch_options,
-            runner_id=runner_id,
-            origin_session_id=origin_session_id,
-            parent_run_id=parent_run_id,
-            lease_ms=lease_ms,
-            claim_token=claim_token,
+            {
+                "run_id": run_id,
+                "workflow_name": workflow_name,
+                "workflow_ref": workflow_ref,
+                "source": source,
+                "definition_digest": definition_digest,
+                "definition": definition,
+                "input": input,
+                "launch_options": launch_options,
+                "runner_id": runner_id,
+                "origin_session_id": origin_session_id,
+                "parent_run_id": parent_run_id,
+            },
+            lease_ms,
+            claim_token,
         )
 
     def claim(

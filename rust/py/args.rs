@@ -5,22 +5,29 @@
 //! sees which of a dozen keywords was wrong. JSON arguments are walked into a canonical tape
 //! here and serialized later, detached (`into_request` on the argument structs).
 //!
-//! A method with many keywords takes them as `**kwargs` and reads them through [`Fields`], the
-//! same reader the dict items of `steps`, `units` and `finishes` go through: a keyword set is
-//! spelled once, in its `*_KEYS` list and its reader.
+//! A method with many keywords takes them as one dict (the facade builds it from its keyword
+//! arguments, the stub types it as a `TypedDict`) and reads it through [`Fields`], the same
+//! reader the dict items of `steps`, `units` and `finishes` go through. One dict literal is the
+//! cheapest way to pass a dozen named values: `**kwargs` would build two dicts (the
+//! interpreter's, then a copy). The keyword sets and their readers are in [`keywords`].
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyNone, PyString, PyTuple};
 
-use crate::attempts::{FinishSpec, UnitSpec};
 use crate::canonical::{self, Doc};
 use crate::errors::LedgerError;
 use crate::leases::Fence;
 use crate::py::convert;
 use crate::py::errors::to_pyerr;
-use crate::queue::NewQueuedRun;
-use crate::runs::{ChildRun, Json, NewRun, StepResult, StepSpec};
+use crate::runs::Json;
+
+mod keywords;
+
+pub use keywords::{
+    unit_arg, units_arg, ChildRunArgs, FinishArgs, QueuedRunArgs, StartRunArgs, StepResultArgs,
+};
 
 /// `InvalidArgument` naming `argument`.
 pub fn invalid(py: Python<'_>, argument: &str, message: impl Into<String>) -> PyErr {
@@ -190,31 +197,67 @@ fn dicts<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Vec<Bound<'py
     Ok(out)
 }
 
-/// A method's `**kwargs`, or the items of one dict argument, read by iterating the dict once:
-/// a key is never looked up, so no key's own `__eq__` or `__hash__` runs.
+/// A keyword set: its names, and the same names as interned Python strings. The keys of a dict
+/// literal are interned, so a key is matched by pointer before any text is compared.
+pub struct Keys {
+    names: &'static [&'static str],
+    interned: PyOnceLock<Vec<Py<PyString>>>,
+}
+
+/// The most keywords a set has (`start_run`'s).
+const MAX_KEYS: usize = 11;
+
+impl Keys {
+    const fn new(names: &'static [&'static str]) -> Self {
+        assert!(names.len() <= MAX_KEYS);
+        Self {
+            names,
+            interned: PyOnceLock::new(),
+        }
+    }
+
+    /// The index of `key` in the set, or its text (or type) to show when it is not in it.
+    fn position(&self, key: &Bound<'_, PyAny>) -> Result<usize, String> {
+        let interned = self.interned.get_or_init(key.py(), || {
+            self.names
+                .iter()
+                .map(|n| PyString::intern(key.py(), n).unbind())
+                .collect()
+        });
+        if let Some(i) = interned.iter().position(|k| k.as_ptr() == key.as_ptr()) {
+            return Ok(i);
+        }
+        // Borrowed UTF-8 of the key (no copy): a key built at run time is not interned.
+        let key_str = key.cast::<PyString>().ok();
+        let name = key_str.as_ref().and_then(|s| s.to_str().ok());
+        match name.and_then(|n| self.names.iter().position(|&known| known == n)) {
+            Some(i) => Ok(i),
+            None => Err(name.map_or_else(
+                || format!("of type {}", type_name(key)),
+                |n| format!("{n:?}"),
+            )),
+        }
+    }
+}
+
+/// The keywords a method takes as one dict, or the items of one dict argument, read by
+/// iterating the dict once: a key is never looked up, so no key's own `__eq__` or `__hash__`
+/// runs.
 pub struct Fields<'py> {
-    py: Python<'py>,
-    items: Vec<(&'static str, Bound<'py, PyAny>)>,
+    keys: &'static Keys,
+    /// By the key's index in `keys`; `None` where the dict leaves the key out.
+    values: [Option<Bound<'py, PyAny>>; MAX_KEYS],
+    none: Borrowed<'py, 'py, PyNone>,
 }
 
 impl<'py> Fields<'py> {
-    /// The `**kwargs` of a method whose keywords are `keys`. Only the facade calls these
+    /// The keywords `keys` of a method, passed as one dict. Only the facade calls these
     /// methods, always with known keywords, so an unknown one is the `TypeError` Python raises
-    /// for a bad keyword.
-    pub fn kwargs(
-        py: Python<'py>,
-        d: Option<&Bound<'py, PyDict>>,
-        keys: &[&'static str],
-    ) -> PyResult<Self> {
-        match d {
-            Some(d) => Self::collect(d, keys, |shown| {
-                PyTypeError::new_err(format!("unexpected keyword argument {shown}"))
-            }),
-            None => Ok(Self {
-                py,
-                items: Vec::new(),
-            }),
-        }
+    /// for a bad keyword; a left-out one reads as `None`.
+    fn keywords(d: &Bound<'py, PyDict>, keys: &'static Keys) -> PyResult<Self> {
+        Self::collect(d, keys, |shown| {
+            PyTypeError::new_err(format!("unexpected keyword argument {shown}"))
+        })
     }
 
     /// Item `i` of the list argument `argument`; a key that is not a `str` or not one of `keys`
@@ -223,7 +266,7 @@ impl<'py> Fields<'py> {
         d: &Bound<'py, PyDict>,
         argument: &str,
         i: usize,
-        keys: &[&'static str],
+        keys: &'static Keys,
     ) -> PyResult<Self> {
         Self::collect(d, keys, |shown| {
             invalid(
@@ -231,7 +274,7 @@ impl<'py> Fields<'py> {
                 argument,
                 format!(
                     "item {i} has unknown key {shown}; allowed: {}",
-                    keys.join(", ")
+                    keys.names.join(", ")
                 ),
             )
         })
@@ -241,32 +284,30 @@ impl<'py> Fields<'py> {
     /// key (shown as its text, or its type when it is not a `str`).
     fn collect(
         d: &Bound<'py, PyDict>,
-        keys: &[&'static str],
+        keys: &'static Keys,
         unknown: impl FnOnce(String) -> PyErr,
     ) -> PyResult<Self> {
-        let mut items = Vec::with_capacity(d.len());
+        let mut values = [const { None }; MAX_KEYS];
         for (k, v) in d.iter() {
-            // Borrowed UTF-8 of the key (no copy): this runs for every field of every batch item.
-            let key = k.cast::<PyString>().ok();
-            let name = key.as_ref().and_then(|s| s.to_str().ok());
-            let Some(known) = name.and_then(|n| keys.iter().find(|&&key| key == n)) else {
-                let shown = name.map_or_else(
-                    || format!("of type {}", type_name(&k)),
-                    |n| format!("{n:?}"),
-                );
-                return Err(unknown(shown));
-            };
-            items.push((*known, v));
+            match keys.position(&k) {
+                Ok(i) => values[i] = Some(v),
+                Err(shown) => return Err(unknown(shown)),
+            }
         }
-        Ok(Self { py: d.py(), items })
+        Ok(Self {
+            keys,
+            values,
+            none: PyNone::get(d.py()),
+        })
     }
 
     /// The value under `key`, or `None` when it was left out.
-    pub fn get(&self, key: &str) -> Bound<'py, PyAny> {
-        self.items
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map_or_else(|| self.py.None().into_bound(self.py), |(_, v)| v.clone())
+    fn get(&self, key: &str) -> &Bound<'py, PyAny> {
+        let i = self.keys.names.iter().position(|&k| k == key);
+        match i.and_then(|i| self.values[i].as_ref()) {
+            Some(v) => v,
+            None => self.none.as_any(),
+        }
     }
 }
 
@@ -293,398 +334,4 @@ pub fn claim_arg(obj: &Bound<'_, PyAny>) -> PyResult<(Fence, String)> {
             "must be the Claim returned by ledger.claim() or prepare_or_adopt()",
         )
     })
-}
-
-// ------------------------------------------------------------------ runs and steps
-
-/// The keywords of `start_run`.
-pub const START_RUN_KEYS: &[&str] = &[
-    "workflow_ref",
-    "scope_key",
-    "steps",
-    "params",
-    "plan",
-    "run_id",
-    "title",
-    "guard_refs",
-    "force",
-    "agent_harness",
-    "agent_session_id",
-];
-
-/// The keywords of `publish_child_run`.
-pub const CHILD_RUN_KEYS: &[&str] = &[
-    "parent_run_id",
-    "parent_unit_id",
-    "invocation_key",
-    "workflow_ref",
-    "steps",
-    "params",
-    "plan",
-    "run_id",
-];
-
-/// The plan and JSON arguments a new run (top-level or child) carries, serialized detached.
-pub struct RunBody {
-    steps: Vec<StepSpec>,
-    completions: Vec<Option<Doc>>,
-    params: Option<Doc>,
-    plan: Option<Doc>,
-}
-
-impl RunBody {
-    /// `steps`, `params` and `plan`, in that order (the first bad one is the one named).
-    fn read(f: &Fields<'_>) -> PyResult<Self> {
-        let (steps, completions) = steps_arg(&f.get("steps"))?;
-        Ok(Self {
-            steps,
-            completions,
-            params: opt_doc(&f.get("params"), "params")?,
-            plan: opt_doc(&f.get("plan"), "plan")?,
-        })
-    }
-
-    /// Serialize the JSON (detached): the steps, params and plan of the request.
-    fn into_parts(self) -> (Vec<StepSpec>, Option<Json>, Option<Json>) {
-        let mut steps = self.steps;
-        for (s, c) in steps.iter_mut().zip(self.completions) {
-            s.completion = json_text(c);
-        }
-        (steps, json(self.params), json(self.plan))
-    }
-}
-
-/// `start_run`'s keywords, read while attached.
-pub struct StartRunArgs {
-    run: NewRun,
-    body: RunBody,
-}
-
-impl StartRunArgs {
-    /// Read the keywords of [`START_RUN_KEYS`].
-    pub fn read(f: &Fields<'_>) -> PyResult<Self> {
-        let body = RunBody::read(f)?;
-        let run = NewRun {
-            workflow_ref: text(&f.get("workflow_ref"), "workflow_ref")?,
-            scope_key: opt_text(&f.get("scope_key"), "scope_key")?,
-            steps: Vec::new(),
-            params: None,
-            plan: None,
-            run_id: opt_text(&f.get("run_id"), "run_id")?,
-            title: opt_text(&f.get("title"), "title")?,
-            guard_refs: str_list(&f.get("guard_refs"), "guard_refs")?,
-            force: flag(&f.get("force"), "force")?,
-            agent_harness: opt_text(&f.get("agent_harness"), "agent_harness")?,
-            agent_session_id: opt_text(&f.get("agent_session_id"), "agent_session_id")?,
-        };
-        Ok(Self { run, body })
-    }
-
-    /// The request, its JSON serialized (detached).
-    pub fn into_request(self) -> NewRun {
-        let (steps, params, plan) = self.body.into_parts();
-        NewRun {
-            steps,
-            params,
-            plan,
-            ..self.run
-        }
-    }
-}
-
-/// `publish_child_run`'s keywords, read while attached.
-pub struct ChildRunArgs {
-    run: ChildRun,
-    body: RunBody,
-}
-
-impl ChildRunArgs {
-    /// Read the keywords of [`CHILD_RUN_KEYS`].
-    pub fn read(f: &Fields<'_>) -> PyResult<Self> {
-        let body = RunBody::read(f)?;
-        let run = ChildRun {
-            parent_run_id: text(&f.get("parent_run_id"), "parent_run_id")?,
-            parent_unit_id: text(&f.get("parent_unit_id"), "parent_unit_id")?,
-            invocation_key: text(&f.get("invocation_key"), "invocation_key")?,
-            workflow_ref: text(&f.get("workflow_ref"), "workflow_ref")?,
-            steps: Vec::new(),
-            params: None,
-            plan: None,
-            run_id: opt_text(&f.get("run_id"), "run_id")?,
-        };
-        Ok(Self { run, body })
-    }
-
-    /// The request, its JSON serialized (detached).
-    pub fn into_request(self) -> ChildRun {
-        let (steps, params, plan) = self.body.into_parts();
-        ChildRun {
-            steps,
-            params,
-            plan,
-            ..self.run
-        }
-    }
-}
-
-/// `steps`: dicts with `id` (required), `title`, `instructions`, `completion`.
-fn steps_arg(obj: &Bound<'_, PyAny>) -> PyResult<(Vec<StepSpec>, Vec<Option<Doc>>)> {
-    let mut specs = Vec::new();
-    let mut completions = Vec::new();
-    for (i, d) in dicts(obj, "steps")?.iter().enumerate() {
-        let f = Fields::item(
-            d,
-            "steps",
-            i,
-            &["id", "title", "instructions", "completion"],
-        )?;
-        let id = f.get("id");
-        if id.is_none() {
-            return Err(invalid(
-                obj.py(),
-                "steps",
-                format!("item {i} has no \"id\""),
-            ));
-        }
-        specs.push(StepSpec {
-            id: text(&id, "steps")?,
-            title: opt_prose(&f.get("title"), "steps")?.unwrap_or_default(),
-            instructions: opt_prose(&f.get("instructions"), "steps")?.unwrap_or_default(),
-            completion: None,
-        });
-        completions.push(opt_doc(&f.get("completion"), "steps")?);
-    }
-    Ok((specs, completions))
-}
-
-/// The keywords of `complete_step` besides the run, the step and the claim.
-pub const STEP_RESULT_KEYS: &[&str] = &["status", "notes", "evidence", "summary"];
-
-/// `complete_step`'s result keywords, read while attached.
-pub struct StepResultArgs {
-    result: StepResult,
-    evidence: Option<Doc>,
-}
-
-impl StepResultArgs {
-    /// Read the keywords of [`STEP_RESULT_KEYS`].
-    pub fn read(f: &Fields<'_>) -> PyResult<Self> {
-        let evidence = opt_doc(&f.get("evidence"), "evidence")?;
-        let result = StepResult {
-            status: text(&f.get("status"), "status")?,
-            notes: opt_text(&f.get("notes"), "notes")?,
-            evidence: None,
-            summary: opt_text(&f.get("summary"), "summary")?,
-        };
-        Ok(Self { result, evidence })
-    }
-
-    /// The result, its evidence serialized (detached).
-    pub fn into_result(self) -> StepResult {
-        StepResult {
-            evidence: json_text(self.evidence),
-            ..self.result
-        }
-    }
-}
-
-// ------------------------------------------------------------------ attempts
-
-/// The keywords of one unit to reserve: `reserve_attempt`'s (besides the run and the claim),
-/// and the keys of a `reserve_attempts` item.
-pub const UNIT_KEYS: &[&str] = &[
-    "unit_id",
-    "step_id",
-    "node_id",
-    "phase",
-    "runner",
-    "engine",
-    "model",
-    "input_hash",
-    "worktree_path",
-    "parent_unit_id",
-    "holder",
-];
-
-/// How a unit's `unit_id`, `step_id` and `phase` are read when `None` or left out.
-#[derive(Clone, Copy)]
-pub enum Omitted {
-    /// `reserve_attempt`: the facade always passes them, so `None` is the caller's and refused.
-    Refused,
-    /// A `reserve_attempts` item: a left-out key takes its default (`""`, `""`, `"unit"`).
-    Defaulted,
-}
-
-/// One unit to reserve (the keys of [`UNIT_KEYS`]).
-pub fn unit_spec(f: &Fields<'_>, omitted: Omitted) -> PyResult<UnitSpec> {
-    let opt = |k: &str| opt_text(&f.get(k), k);
-    let given = |k: &str, default: &str| match omitted {
-        Omitted::Refused => text(&f.get(k), k),
-        Omitted::Defaulted => Ok(opt(k)?.unwrap_or_else(|| default.to_owned())),
-    };
-    Ok(UnitSpec {
-        unit_id: given("unit_id", "")?,
-        step_id: given("step_id", "")?,
-        node_id: opt("node_id")?,
-        phase: given("phase", "unit")?,
-        runner: opt("runner")?,
-        engine: opt("engine")?,
-        model: opt("model")?,
-        input_hash: opt("input_hash")?,
-        worktree_path: opt("worktree_path")?,
-        parent_unit_id: opt("parent_unit_id")?,
-        holder: opt("holder")?,
-    })
-}
-
-/// `units`: the dicts of `reserve_attempts`.
-pub fn units_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<UnitSpec>> {
-    dicts(obj, "units")?
-        .iter()
-        .enumerate()
-        .map(|(i, d)| unit_spec(&Fields::item(d, "units", i, UNIT_KEYS)?, Omitted::Defaulted))
-        .collect()
-}
-
-/// The keywords of one finish: `finish_attempt`'s (besides the claim), and the keys of a
-/// `finish_attempts` item.
-pub const FINISH_KEYS: &[&str] = &[
-    "run_id",
-    "unit_id",
-    "attempt",
-    "dispatch_id",
-    "status",
-    "result",
-    "tokens",
-    "failure_reason",
-    "session_id",
-];
-
-/// Finishes read while attached; their results are serialized detached.
-pub struct FinishArgs {
-    specs: Vec<FinishSpec>,
-    results: Vec<Option<Doc>>,
-}
-
-impl FinishArgs {
-    /// One finish (the keys of [`FINISH_KEYS`]).
-    pub fn one(f: &Fields<'_>) -> PyResult<Self> {
-        let mut args = Self {
-            specs: Vec::with_capacity(1),
-            results: Vec::with_capacity(1),
-        };
-        args.push(f)?;
-        Ok(args)
-    }
-
-    /// `finishes`: the dicts of `finish_attempts`.
-    pub fn many(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let mut args = Self {
-            specs: Vec::new(),
-            results: Vec::new(),
-        };
-        for (i, d) in dicts(obj, "finishes")?.iter().enumerate() {
-            args.push(&Fields::item(d, "finishes", i, FINISH_KEYS)?)?;
-        }
-        Ok(args)
-    }
-
-    fn push(&mut self, f: &Fields<'_>) -> PyResult<()> {
-        self.results.push(opt_doc(&f.get("result"), "result")?);
-        self.specs.push(FinishSpec {
-            run_id: text(&f.get("run_id"), "run_id")?,
-            unit_id: text(&f.get("unit_id"), "unit_id")?,
-            attempt: int(&f.get("attempt"), "attempt")?,
-            dispatch_id: text(&f.get("dispatch_id"), "dispatch_id")?,
-            status: text(&f.get("status"), "status")?,
-            result: None,
-            tokens: opt_int(&f.get("tokens"), "tokens")?,
-            failure_reason: opt_text(&f.get("failure_reason"), "failure_reason")?,
-            session_id: opt_text(&f.get("session_id"), "session_id")?,
-        });
-        Ok(())
-    }
-
-    /// The finishes, their results serialized (detached).
-    pub fn into_specs(self) -> Vec<FinishSpec> {
-        let mut specs = self.specs;
-        for (spec, r) in specs.iter_mut().zip(self.results) {
-            spec.result = json_text(r);
-        }
-        specs
-    }
-}
-
-// ------------------------------------------------------------------ queue
-
-/// The keywords `reserve_run` and `prepare_or_adopt` share.
-pub const QUEUED_RUN_KEYS: &[&str] = &[
-    "run_id",
-    "workflow_name",
-    "workflow_ref",
-    "source",
-    "definition_digest",
-    "definition",
-    "input",
-    "launch_options",
-    "runner_id",
-    "origin_session_id",
-    "parent_run_id",
-];
-
-/// The keywords of [`QUEUED_RUN_KEYS`], read once while attached.
-pub struct QueuedRunArgs {
-    run_id: String,
-    workflow_name: String,
-    workflow_ref: String,
-    source: Doc,
-    definition_digest: String,
-    definition: Doc,
-    input: Option<Doc>,
-    launch_options: Option<Doc>,
-    /// The runner the run is meant for; `prepare_or_adopt` claims it for this runner.
-    pub runner_id: String,
-    origin_session_id: String,
-    parent_run_id: Option<String>,
-}
-
-impl QueuedRunArgs {
-    /// Read the keywords, in the order of [`QUEUED_RUN_KEYS`] (the first bad one is named).
-    pub fn read(f: &Fields<'_>) -> PyResult<Self> {
-        let py = f.py;
-        Ok(Self {
-            run_id: text(&f.get("run_id"), "run_id")?,
-            workflow_name: text(&f.get("workflow_name"), "workflow_name")?,
-            workflow_ref: text(&f.get("workflow_ref"), "workflow_ref")?,
-            source: read_doc(py, &f.get("source"), "source")?,
-            definition_digest: text(&f.get("definition_digest"), "definition_digest")?,
-            definition: read_doc(py, &f.get("definition"), "definition")?,
-            input: opt_doc(&f.get("input"), "input")?,
-            launch_options: opt_doc(&f.get("launch_options"), "launch_options")?,
-            runner_id: text(&f.get("runner_id"), "runner_id")?,
-            origin_session_id: text(&f.get("origin_session_id"), "origin_session_id")?,
-            parent_run_id: opt_text(&f.get("parent_run_id"), "parent_run_id")?,
-        })
-    }
-
-    /// The request, its JSON serialized and hashed (detached). A left-out `input` is `null`
-    /// and left-out `launch_options` are `{}`, so adopting compares like with like.
-    pub fn into_request(self) -> NewQueuedRun {
-        let doc = |d: Doc| Json::new(d.to_vec());
-        NewQueuedRun {
-            run_id: self.run_id,
-            workflow_name: self.workflow_name,
-            workflow_ref: self.workflow_ref,
-            source: doc(self.source),
-            definition_digest: self.definition_digest,
-            definition: doc(self.definition),
-            input: self.input.map_or_else(|| Json::new(b"null".to_vec()), doc),
-            launch_options: self
-                .launch_options
-                .map_or_else(|| Json::new(b"{}".to_vec()), doc),
-            runner_id: self.runner_id,
-            origin_session_id: self.origin_session_id,
-            parent_run_id: self.parent_run_id,
-        }
-    }
 }

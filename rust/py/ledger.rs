@@ -8,7 +8,7 @@
 //! closed ledger raises `StoreError`.
 //!
 //! Arguments are read by `args`, results built by `records`; a method with many keywords
-//! takes them as `**kwargs`, read by one reader per keyword set.
+//! takes them as one dict, read by one reader per keyword set.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -19,8 +19,7 @@ use crate::errors::{LedgerError, Result};
 use crate::leases::ClaimSpec;
 use crate::py::args::{
     self, claim_arg, fence_arg, flag, int, opt_prose, opt_text, read_doc, str_list, text,
-    ChildRunArgs, Fields, FinishArgs, Omitted, QueuedRunArgs, StartRunArgs, StepResultArgs,
-    CHILD_RUN_KEYS, FINISH_KEYS, QUEUED_RUN_KEYS, START_RUN_KEYS, STEP_RESULT_KEYS, UNIT_KEYS,
+    ChildRunArgs, FinishArgs, QueuedRunArgs, StartRunArgs, StepResultArgs,
 };
 use crate::py::errors::to_pyerr;
 use crate::py::records;
@@ -197,26 +196,24 @@ impl PyLedger {
 
     // ------------------------------------------------------------------ runs and steps
 
-    #[pyo3(signature = (**run))]
     fn start_run<'py>(
         &self,
         py: Python<'py>,
-        run: Option<&Bound<'py, PyDict>>,
+        run: &Bound<'py, PyDict>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let args = StartRunArgs::read(&Fields::kwargs(py, run, START_RUN_KEYS)?)?;
+        let args = StartRunArgs::read(run)?;
         let run = self.run(py, move |s, now| {
             runs::start_run(s, &args.into_request(), now)
         })?;
         records::run(py, run)
     }
 
-    #[pyo3(signature = (**child))]
     fn publish_child_run<'py>(
         &self,
         py: Python<'py>,
-        child: Option<&Bound<'py, PyDict>>,
+        child: &Bound<'py, PyDict>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let args = ChildRunArgs::read(&Fields::kwargs(py, child, CHILD_RUN_KEYS)?)?;
+        let args = ChildRunArgs::read(child)?;
         let run = self.run(py, move |s, now| {
             runs::publish_child_run(s, &args.into_request(), now)
         })?;
@@ -303,19 +300,18 @@ impl PyLedger {
         steps.into_iter().map(|st| records::step(py, st)).collect()
     }
 
-    #[pyo3(signature = (run_id, step_id, *, claim, **result))]
     fn complete_step<'py>(
         &self,
         py: Python<'py>,
         run_id: &Bound<'py, PyAny>,
         step_id: &Bound<'py, PyAny>,
+        result: &Bound<'py, PyDict>,
         claim: &Bound<'py, PyAny>,
-        result: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let run_id = text(run_id, "run_id")?;
         let step_id = text(step_id, "step_id")?;
         let fence = fence_arg(claim)?;
-        let result = StepResultArgs::read(&Fields::kwargs(py, result, STEP_RESULT_KEYS)?)?;
+        let result = StepResultArgs::read(result)?;
         let run = self.run(py, move |s, now| {
             let result = result.into_result();
             runs::complete_step(s, &run_id, &step_id, &result, fence.as_ref(), now)
@@ -369,19 +365,15 @@ impl PyLedger {
 
     // ------------------------------------------------------------------ attempts
 
-    #[pyo3(signature = (run_id, *, claim, **unit))]
     fn reserve_attempt<'py>(
         &self,
         py: Python<'py>,
         run_id: &Bound<'py, PyAny>,
+        unit: &Bound<'py, PyDict>,
         claim: &Bound<'py, PyAny>,
-        unit: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let run_id = text(run_id, "run_id")?;
-        let unit = [args::unit_spec(
-            &Fields::kwargs(py, unit, UNIT_KEYS)?,
-            Omitted::Refused,
-        )?];
+        let unit = [args::unit_arg(unit)?];
         let fence = fence_arg(claim)?;
         let mut out = self.run(py, move |s, now| {
             attempts::reserve_attempts(s, &run_id, &unit, fence.as_ref(), now)
@@ -407,17 +399,16 @@ impl PyLedger {
             .collect()
     }
 
-    #[pyo3(signature = (*, claim, **finish))]
     fn finish_attempt(
         &self,
         py: Python<'_>,
+        finish: &Bound<'_, PyDict>,
         claim: &Bound<'_, PyAny>,
-        finish: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<bool> {
-        let finish = FinishArgs::one(&Fields::kwargs(py, finish, FINISH_KEYS)?)?;
+        let finish = FinishArgs::one(finish)?;
         let fence = fence_arg(claim)?;
         let out = self.run(py, move |s, now| {
-            attempts::finish_attempts(s, &finish.into_specs(), fence.as_ref(), now)
+            attempts::finish_attempts(s, &[finish.into_spec()], fence.as_ref(), now)
         })?;
         Ok(out.first().copied().unwrap_or(false))
     }
@@ -431,7 +422,8 @@ impl PyLedger {
         let finishes = FinishArgs::many(finishes)?;
         let fence = fence_arg(claim)?;
         self.run(py, move |s, now| {
-            attempts::finish_attempts(s, &finishes.into_specs(), fence.as_ref(), now)
+            let specs: Vec<_> = finishes.into_iter().map(FinishArgs::into_spec).collect();
+            attempts::finish_attempts(s, &specs, fence.as_ref(), now)
         })
     }
 
@@ -485,28 +477,26 @@ impl PyLedger {
 
     // ------------------------------------------------------------------ queue and claims
 
-    #[pyo3(signature = (**run))]
     fn reserve_run<'py>(
         &self,
         py: Python<'py>,
-        run: Option<&Bound<'py, PyDict>>,
+        run: &Bound<'py, PyDict>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let args = QueuedRunArgs::read(&Fields::kwargs(py, run, QUEUED_RUN_KEYS)?)?;
+        let args = QueuedRunArgs::read(run)?;
         let run = self.run(py, move |s, now| {
             queue::reserve_run(s, &args.into_request(), now)
         })?;
         records::run(py, run)
     }
 
-    #[pyo3(signature = (*, lease_ms, claim_token, **run))]
     fn prepare_or_adopt<'py>(
         &self,
         py: Python<'py>,
+        run: &Bound<'py, PyDict>,
         lease_ms: &Bound<'py, PyAny>,
         claim_token: &Bound<'py, PyAny>,
-        run: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let args = QueuedRunArgs::read(&Fields::kwargs(py, run, QUEUED_RUN_KEYS)?)?;
+        let args = QueuedRunArgs::read(run)?;
         let lease_ms = int(lease_ms, "lease_ms")?;
         let token = opt_text(claim_token, "claim_token")?;
         let runner = args.runner_id.clone();

@@ -1,34 +1,50 @@
 //! Core records -> the public model objects of `fencepost.models`.
 //!
-//! Each record is built once, here, by calling its Python class with keyword fields (as
-//! `errors.rs` builds exceptions): the frozen dataclasses stay plain, typed Python that owns
-//! equality, `repr` and pickling, and a field is matched by name, never by position. Times
-//! become aware UTC `datetime`s and JSON fields are decoded with `json.loads`, exactly as
-//! `fencepost.models` documents them.
+//! Each record is built once, here, by name: a field is matched by its name, never by its
+//! position, so the dataclasses in `fencepost.models` are the one place a record's shape is
+//! written. Times become aware UTC `datetime`s and JSON fields are decoded with `json.loads`,
+//! exactly as `fencepost.models` documents them.
+//!
+//! A record is built the way a frozen dataclass's own `__init__` builds it: a new instance
+//! whose fields are set one by one with `object.__setattr__` (which a frozen class's
+//! `__setattr__` would refuse). Doing that from Rust skips the keyword dict and the Python frame
+//! of `__init__`, which on the dispatcher's hot path (a `Reservation` per reserved attempt)
+//! costs more than the rest of the conversion. It is sound only for plain dataclasses, so
+//! [`classes`] checks, once, that each class has no `__post_init__`, and every build checks
+//! that it set as many fields as the class has (a field set by a name the class lacks raises
+//! `AttributeError`): a field added to or renamed in `fencepost.models` without this file fails
+//! loudly on first use instead of leaving an attribute unset.
 //!
 //! The classes, `datetime`, `UTC` and `json.loads` are looked up once per process and the
-//! keyword names are interned, so building a record costs one dict and one call.
+//! field names are interned.
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyString, PyType};
-use pyo3::{intern, Py};
+use pyo3::types::{PyBytes, PyString, PyTuple, PyType};
+use pyo3::{ffi, intern, IntoPyObjectExt, Py};
 
 use crate::model::{Accounting, Attempt, Claim, Event, Lease, Reservation, Run, Step, Unit};
 use crate::queue::Prepared;
 
+/// A model class of `fencepost.models` and its number of fields.
+struct Model {
+    class: Py<PyType>,
+    fields: usize,
+}
+
 /// What building records needs from Python, looked up on first use.
 struct Classes {
-    run: Py<PyType>,
-    step: Py<PyType>,
-    unit: Py<PyType>,
-    attempt: Py<PyType>,
-    reservation: Py<PyType>,
-    accounting: Py<PyType>,
-    claim: Py<PyType>,
-    lease: Py<PyType>,
-    preparation: Py<PyType>,
-    event: Py<PyType>,
+    run: Model,
+    step: Model,
+    unit: Model,
+    attempt: Model,
+    reservation: Model,
+    accounting: Model,
+    claim: Model,
+    lease: Model,
+    preparation: Model,
+    event: Model,
     datetime: Py<PyType>,
     utc: Py<PyAny>,
     /// `fencepost.models.from_ms`, for a time outside `datetime`'s range (its error).
@@ -41,22 +57,37 @@ static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
 fn classes(py: Python<'_>) -> PyResult<&Classes> {
     CLASSES.get_or_try_init(py, || {
         let models = py.import("fencepost.models")?;
-        let class = |name: &str| -> PyResult<Py<PyType>> {
-            Ok(models.getattr(name)?.cast_into::<PyType>()?.unbind())
+        let fields = py.import("dataclasses")?.getattr("fields")?;
+        let model = |name: &str| -> PyResult<Model> {
+            let class = models.getattr(name)?.cast_into::<PyType>()?;
+            if class.hasattr("__post_init__")? {
+                return Err(PyTypeError::new_err(format!(
+                    "fencepost.models.{name} has a __post_init__, which the core does not run \
+                     when it builds one (rust/py/records.rs)"
+                )));
+            }
+            let fields = fields.call1((&class,))?.len()?;
+            Ok(Model {
+                class: class.unbind(),
+                fields,
+            })
         };
         let datetime = py.import("datetime")?;
         Ok(Classes {
-            run: class("Run")?,
-            step: class("Step")?,
-            unit: class("Unit")?,
-            attempt: class("Attempt")?,
-            reservation: class("Reservation")?,
-            accounting: class("Accounting")?,
-            claim: class("Claim")?,
-            lease: class("Lease")?,
-            preparation: class("Preparation")?,
-            event: class("Event")?,
-            datetime: datetime.getattr("datetime")?.cast_into::<PyType>()?.unbind(),
+            run: model("Run")?,
+            step: model("Step")?,
+            unit: model("Unit")?,
+            attempt: model("Attempt")?,
+            reservation: model("Reservation")?,
+            accounting: model("Accounting")?,
+            claim: model("Claim")?,
+            lease: model("Lease")?,
+            preparation: model("Preparation")?,
+            event: model("Event")?,
+            datetime: datetime
+                .getattr("datetime")?
+                .cast_into::<PyType>()?
+                .unbind(),
             utc: datetime.getattr("UTC")?.unbind(),
             from_ms: models.getattr("from_ms")?.unbind(),
             loads: py.import("json")?.getattr("loads")?.unbind(),
@@ -64,12 +95,60 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
     })
 }
 
-/// `class(**{name: value, ...})`, the names interned.
+/// A new, empty instance of `model`'s class.
+fn instance<'py>(py: Python<'py>, model: &Model) -> PyResult<Bound<'py, PyAny>> {
+    let class = model.class.bind(py);
+    // SAFETY: `class` is a live type object and we are attached. PyType_GenericNew allocates
+    // an instance with every slot unset (what `object.__new__(class)` does, without looking at
+    // arguments) and runs no Python code.
+    unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            ffi::PyType_GenericNew(
+                class.as_type_ptr(),
+                PyTuple::empty(py).as_ptr(),
+                std::ptr::null_mut(),
+            ),
+        )
+    }
+}
+
+/// `object.__setattr__(obj, name, value)`: sets a slot of a frozen dataclass, as its
+/// `__init__` does.
+fn set(
+    obj: &Bound<'_, PyAny>,
+    name: &Bound<'_, PyString>,
+    value: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    // SAFETY: three live objects and we are attached; on failure the exception is set, and
+    // fetched below.
+    if unsafe { ffi::PyObject_GenericSetAttr(obj.as_ptr(), name.as_ptr(), value.as_ptr()) } < 0 {
+        Err(PyErr::fetch(obj.py()))
+    } else {
+        Ok(())
+    }
+}
+
+/// A new `$model` with each named field set; the count check is the one of the module docs.
 macro_rules! build {
-    ($py:expr, $class:expr; $($name:literal => $value:expr),+ $(,)?) => {{
-        let kw = PyDict::new($py);
-        $(kw.set_item(intern!($py, $name), $value)?;)+
-        $class.bind($py).call((), Some(&kw))
+    ($py:expr, $model:expr; $($name:literal => $value:expr),+ $(,)?) => {{
+        let model = &$model;
+        let obj = instance($py, model)?;
+        let mut set_fields = 0;
+        $(
+            set(&obj, intern!($py, $name), &$value.into_bound_py_any($py)?)?;
+            set_fields += 1;
+        )+
+        if set_fields == model.fields {
+            Ok(obj)
+        } else {
+            Err(PyTypeError::new_err(format!(
+                "fencepost.models.{} has {} fields, the core sets {set_fields}; \
+                 update rust/py/records.rs",
+                model.class.bind($py).name()?,
+                model.fields,
+            )))
+        }
     }};
 }
 
@@ -136,11 +215,7 @@ fn json<'py>(py: Python<'py>, c: &Classes, raw: &[u8]) -> PyResult<Bound<'py, Py
     }
 }
 
-fn opt_json<'py>(
-    py: Python<'py>,
-    c: &Classes,
-    raw: Option<&[u8]>,
-) -> PyResult<Bound<'py, PyAny>> {
+fn opt_json<'py>(py: Python<'py>, c: &Classes, raw: Option<&[u8]>) -> PyResult<Bound<'py, PyAny>> {
     match raw {
         Some(raw) => json(py, c, raw),
         None => Ok(py.None().into_bound(py)),

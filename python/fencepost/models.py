@@ -1,7 +1,10 @@
 """Immutable records returned by the ledger.
 
-The compiled core builds these classes by keyword (``rust/py/records.rs``), so a field's name
-here is the whole contract between the two: no positional order to keep in step.
+The compiled core builds these records by name (``rust/py/records.rs``): it sets each field
+the way a frozen dataclass's ``__init__`` does (``object.__setattr__``), without running
+``__init__``. A field's name here is the whole contract between the two, with no positional
+order to keep in step; the classes must stay plain slotted dataclasses (no ``__post_init__``),
+which the core checks on first use.
 
 Timestamps are stored as integer epoch milliseconds and returned as timezone-aware UTC
 ``datetime`` values; JSON fields (``params``, ``outputs``, ``evidence``, ``result``,

@@ -199,7 +199,7 @@ fn dicts<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Vec<Bound<'py
 
 /// A keyword set: its names, and the same names as interned Python strings. The keys of a dict
 /// literal are interned, so a key is matched by pointer before any text is compared.
-pub struct Keys {
+struct Keys {
     names: &'static [&'static str],
     interned: PyOnceLock<Vec<Py<PyString>>>,
 }
@@ -243,7 +243,7 @@ impl Keys {
 /// The keywords a method takes as one dict, or the items of one dict argument, read by
 /// iterating the dict once: a key is never looked up, so no key's own `__eq__` or `__hash__`
 /// runs.
-pub struct Fields<'py> {
+struct Fields<'py> {
     keys: &'static Keys,
     /// By the key's index in `keys`; `None` where the dict leaves the key out.
     values: [Option<Bound<'py, PyAny>>; MAX_KEYS],
@@ -290,7 +290,10 @@ impl<'py> Fields<'py> {
         let mut values = [const { None }; MAX_KEYS];
         for (k, v) in d.iter() {
             match keys.position(&k) {
-                Ok(i) => values[i] = Some(v),
+                // Two keys of the same text (a `str` subclass can make that) read as the first.
+                Ok(i) => {
+                    values[i].get_or_insert(v);
+                }
                 Err(shown) => return Err(unknown(shown)),
             }
         }
@@ -304,6 +307,11 @@ impl<'py> Fields<'py> {
     /// The value under `key`, or `None` when it was left out.
     fn get(&self, key: &str) -> &Bound<'py, PyAny> {
         let i = self.keys.names.iter().position(|&k| k == key);
+        debug_assert!(
+            i.is_some(),
+            "{key:?} is not in the keyword set {:?}",
+            self.keys.names
+        );
         match i.and_then(|i| self.values[i].as_ref()) {
             Some(v) => v,
             None => self.none.as_any(),

@@ -1,7 +1,7 @@
 //! [`LedgerError`] -> the Python exceptions of `fencepost.errors`.
 //!
-//! Each exception is built by calling its Python class with keyword fields (the cryptography
-//! way), so the classes stay plain, typed, picklable Python and own their message text.
+//! Each exception is built by calling its Python class with keyword fields, so the classes
+//! stay plain, typed, picklable Python and own their message text.
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;

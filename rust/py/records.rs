@@ -9,11 +9,11 @@
 //! whose fields are set one by one with `object.__setattr__` (which a frozen class's
 //! `__setattr__` would refuse). Doing that from Rust skips the keyword dict and the Python frame
 //! of `__init__`, which on the dispatcher's hot path (a `Reservation` per reserved attempt)
-//! costs more than the rest of the conversion. It is sound only for plain dataclasses, so
-//! [`classes`] checks, once, that each class has no `__post_init__`, and every build checks
-//! that it set as many fields as the class has (a field set by a name the class lacks raises
-//! `AttributeError`): a field added to or renamed in `fencepost.models` without this file fails
-//! loudly on first use instead of leaving an attribute unset.
+//! costs more than the rest of the conversion. It is sound only for plain slotted dataclasses,
+//! so [`classes`] checks, once, that each class has slots and no `__post_init__`, and every
+//! build checks that it set as many fields as the class has (a field set by a name the class
+//! lacks raises `AttributeError`): a field added to or renamed in `fencepost.models` without
+//! this file fails loudly on first use instead of leaving an attribute unset.
 //!
 //! The classes, `datetime`, `UTC` and `json.loads` are looked up once per process and the
 //! field names are interned.
@@ -60,10 +60,12 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
         let fields = py.import("dataclasses")?.getattr("fields")?;
         let model = |name: &str| -> PyResult<Model> {
             let class = models.getattr(name)?.cast_into::<PyType>()?;
-            if class.hasattr("__post_init__")? {
+            // Slotted (no instance `__dict__`), so a name the class lacks cannot be set.
+            let slotted = class.getattr("__dictoffset__")?.extract::<isize>()? == 0;
+            if !slotted || class.hasattr("__post_init__")? {
                 return Err(PyTypeError::new_err(format!(
-                    "fencepost.models.{name} has a __post_init__, which the core does not run \
-                     when it builds one (rust/py/records.rs)"
+                    "fencepost.models.{name} must stay a slotted dataclass without \
+                     __post_init__: the core builds it by setting its slots (rust/py/records.rs)"
                 )));
             }
             let fields = fields.call1((&class,))?.len()?;

@@ -46,8 +46,8 @@ static CHILD_RUN_KEYS: Keys = Keys::new(&[
     "run_id",
 ]);
 
-/// The plan and JSON arguments a new run (top-level or child) carries, serialized detached.
-pub struct RunBody {
+/// The steps, params and plan a new run (top-level or child) carries, serialized detached.
+struct RunBody {
     steps: Vec<StepSpec>,
     completions: Vec<Option<Doc>>,
     params: Option<Doc>,

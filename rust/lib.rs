@@ -31,8 +31,14 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The compiled half of the `fencepost` package. Python code imports the typed facade
 /// (`fencepost`), not this module.
+///
+/// `gil_used = true`: the canonical walk (`py::convert`) reads containers through borrowed
+/// references, which is sound only while no other thread can run Python code, that is, under
+/// the GIL. A free-threaded interpreter importing this module turns the GIL back on for the
+/// process (and says so), rather than running the walk unprotected. Every GIL-holding build is
+/// unaffected, and the ledger still detaches for all database work.
 #[cfg(feature = "python")]
-#[pyo3::pymodule(gil_used = false)]
+#[pyo3::pymodule(gil_used = true)]
 mod _core {
     use pyo3::prelude::*;
 

@@ -1,11 +1,27 @@
 """Stub for the compiled core (hand-written; checked by ``python -m mypy.stubtest``).
 
-The facade (``fencepost.Ledger``) is the typed public API; these are its positional calls.
-JSON values come back as canonical JSON bytes, times as epoch milliseconds.
+The facade (``fencepost.Ledger``) is the public API; these are the calls it makes. A method
+with many keywords takes them as one dict, typed here by a ``TypedDict`` so mypy checks every
+key and value the facade passes. Records come back as the models of :mod:`fencepost.models`;
+``get_json`` returns canonical JSON bytes.
 """
 
-from collections.abc import Callable
-from typing import Any, Final, final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, TypedDict, final
+
+from fencepost.models import (
+    Accounting,
+    AdoptedPreparation,
+    Attempt,
+    Claim,
+    ClaimedPreparation,
+    Event,
+    Lease,
+    Reservation,
+    Run,
+    Step,
+    Unit,
+)
 
 __version__: Final[str]
 MAX_DEPTH: Final[int]
@@ -17,22 +33,86 @@ def canonical_json(value: object) -> bytes:
 def digest(value: object) -> str:
     """``"sha256:" + hex(sha256(canonical_json(value)))``; raises ``CanonicalJsonError``."""
 
-_RunRow = tuple[Any, ...]
-_Reservation = tuple[str, str, str, int, str, int, int | None]
-_Claim = tuple[str, int, str, str, int]
-_Lease = tuple[str, int, str | None, str | None, int | None, int | None]
+# The keyword sets passed as one dict (the facade's keywords of the same names).
+
+class _StartRun(TypedDict):
+    workflow_ref: str
+    scope_key: str | None
+    steps: Sequence[Mapping[str, Any]]
+    params: object
+    plan: object
+    run_id: str | None
+    title: str | None
+    guard_refs: list[str] | None
+    force: bool
+    agent_harness: str | None
+    agent_session_id: str | None
+
+class _ChildRun(TypedDict):
+    parent_run_id: str
+    parent_unit_id: str
+    invocation_key: str
+    workflow_ref: str
+    steps: Sequence[Mapping[str, Any]]
+    params: object
+    plan: object
+    run_id: str | None
+
+class _StepResult(TypedDict):
+    status: str
+    notes: str | None
+    evidence: object
+    summary: str | None
+
+class _Unit(TypedDict):
+    unit_id: str
+    step_id: str
+    node_id: str | None
+    phase: str
+    runner: str | None
+    engine: str | None
+    model: str | None
+    input_hash: str | None
+    worktree_path: str | None
+    parent_unit_id: str | None
+    holder: str | None
+
+class _Finish(TypedDict):
+    run_id: str
+    unit_id: str
+    attempt: int
+    dispatch_id: str
+    status: str
+    result: object
+    tokens: int | None
+    failure_reason: str | None
+    session_id: str | None
+
+class _QueuedRun(TypedDict):
+    run_id: str
+    workflow_name: str
+    workflow_ref: str
+    source: object
+    definition_digest: str
+    definition: object
+    input: object
+    launch_options: object
+    runner_id: str
+    origin_session_id: str
+    parent_run_id: str | None
 
 @final
 class Ledger:
     def __new__(
         cls,
-        path: object,
+        path: str | None,
+        url: str | None,
+        schema: str | None,
+        *,
         durability: str,
         busy_timeout_ms: int,
         clock: Callable[[], int] | None,
-        create: bool = True,
-        url: object = None,
-        schema: object = None,
+        create: bool,
     ) -> Ledger: ...
     def target(self) -> str: ...
     def close(self) -> None: ...
@@ -40,137 +120,56 @@ class Ledger:
     def integrity_check(self) -> list[str]: ...
     def orphan_attempts(self) -> list[tuple[str, str, int, str]]: ...
     def put_json(self, value: object) -> str: ...
-    def get_json(self, digest: object) -> bytes: ...
-    def start_run(
-        self,
-        workflow_ref: object,
-        scope_key: object,
-        steps: object,
-        params: object,
-        plan: object,
-        run_id: object,
-        title: object,
-        guard_refs: object,
-        force: object,
-        agent_harness: object,
-        agent_session_id: object,
-    ) -> _RunRow: ...
-    def publish_child_run(
-        self,
-        parent_run_id: object,
-        parent_unit_id: object,
-        invocation_key: object,
-        workflow_ref: object,
-        steps: object,
-        params: object,
-        plan: object,
-        run_id: object,
-    ) -> _RunRow: ...
-    def get_run(self, run_id: object) -> _RunRow | None: ...
-    def resolve_run_id(self, prefix: object) -> str: ...
+    def get_json(self, digest: str) -> bytes: ...
+    def start_run(self, run: _StartRun) -> Run: ...
+    def publish_child_run(self, child: _ChildRun) -> Run: ...
+    def get_run(self, run_id: str) -> Run | None: ...
+    def resolve_run_id(self, prefix: str) -> str: ...
     def list_runs(
         self,
         all_scopes: bool,
-        scope_key: object,
-        workflow_refs: object,
-        active_only: object,
-        include_children: object,
-    ) -> list[_RunRow]: ...
+        scope_key: str | None,
+        workflow_refs: list[str] | None,
+        active_only: bool,
+        include_children: bool,
+    ) -> list[Run]: ...
     def find_active_run(
-        self, workflow_refs: object, scope_key: object, outside: bool
-    ) -> _RunRow | None: ...
-    def find_scope_occupant(self, scope_key: object) -> _RunRow | None: ...
-    def child_runs(self, parent_run_id: object) -> list[_RunRow]: ...
-    def steps(self, run_id: object) -> list[tuple[Any, ...]]: ...
+        self, workflow_refs: list[str] | None, scope_key: str, outside: bool
+    ) -> Run | None: ...
+    def find_scope_occupant(self, scope_key: str) -> Run | None: ...
+    def child_runs(self, parent_run_id: str) -> list[Run]: ...
+    def steps(self, run_id: str) -> list[Step]: ...
     def complete_step(
-        self,
-        run_id: object,
-        step_id: object,
-        status: object,
-        notes: object,
-        evidence: object,
-        summary: object,
-        claim: object,
-    ) -> _RunRow: ...
-    def block_run(self, run_id: object, notes: object) -> _RunRow: ...
-    def resume_run(self, run_id: object) -> _RunRow: ...
-    def abandon_run(self, run_id: object) -> bool: ...
-    def set_outputs(self, run_id: object, outputs: object, claim: object) -> None: ...
-    def reserve_attempt(
-        self,
-        run_id: object,
-        unit_id: object,
-        step_id: object,
-        node_id: object,
-        phase: object,
-        runner: object,
-        engine: object,
-        model: object,
-        input_hash: object,
-        worktree_path: object,
-        parent_unit_id: object,
-        holder: object,
-        claim: object,
-    ) -> _Reservation: ...
+        self, run_id: str, step_id: str, result: _StepResult, claim: Claim | None
+    ) -> Run: ...
+    def block_run(self, run_id: str, notes: str | None) -> Run: ...
+    def resume_run(self, run_id: str) -> Run: ...
+    def abandon_run(self, run_id: str) -> bool: ...
+    def set_outputs(self, run_id: str, outputs: object, claim: Claim | None) -> None: ...
+    def reserve_attempt(self, run_id: str, unit: _Unit, claim: Claim | None) -> Reservation: ...
     def reserve_attempts(
-        self, run_id: object, units: object, claim: object
-    ) -> list[_Reservation]: ...
-    def finish_attempt(
-        self,
-        run_id: object,
-        unit_id: object,
-        attempt: object,
-        dispatch_id: object,
-        status: object,
-        result: object,
-        tokens: object,
-        failure_reason: object,
-        session_id: object,
-        claim: object,
-    ) -> bool: ...
-    def finish_attempts(self, finishes: object, claim: object) -> list[bool]: ...
-    def attempts(self, run_id: object, unit_id: object) -> list[tuple[Any, ...]]: ...
-    def units(self, run_id: object, step_id: object) -> list[tuple[Any, ...]]: ...
-    def unit(self, run_id: object, unit_id: object) -> tuple[Any, ...] | None: ...
-    def accounting(self, run_id: object) -> tuple[int, int, int, int, int, int]: ...
-    def reserve_run(
-        self,
-        run_id: object,
-        workflow_name: object,
-        workflow_ref: object,
-        source: object,
-        definition_digest: object,
-        definition: object,
-        input: object,
-        launch_options: object,
-        runner_id: object,
-        origin_session_id: object,
-        parent_run_id: object,
-    ) -> _RunRow: ...
+        self, run_id: str, units: Sequence[Mapping[str, Any]], claim: Claim | None
+    ) -> list[Reservation]: ...
+    def finish_attempt(self, finish: _Finish, claim: Claim | None) -> bool: ...
+    def finish_attempts(
+        self, finishes: Sequence[Mapping[str, Any]], claim: Claim | None
+    ) -> list[bool]: ...
+    def attempts(self, run_id: str, unit_id: str) -> list[Attempt]: ...
+    def units(self, run_id: str, step_id: str | None) -> list[Unit]: ...
+    def unit(self, run_id: str, unit_id: str) -> Unit | None: ...
+    def accounting(self, run_id: str) -> Accounting: ...
+    def reserve_run(self, run: _QueuedRun) -> Run: ...
     def prepare_or_adopt(
-        self,
-        run_id: object,
-        workflow_name: object,
-        workflow_ref: object,
-        source: object,
-        definition_digest: object,
-        definition: object,
-        input: object,
-        launch_options: object,
-        runner_id: object,
-        origin_session_id: object,
-        parent_run_id: object,
-        lease_ms: object,
-        claim_token: object,
-    ) -> tuple[str, _RunRow, _Claim | None]: ...
+        self, run: _QueuedRun, lease_ms: int, claim_token: str | None
+    ) -> ClaimedPreparation | AdoptedPreparation: ...
     def claim(
-        self, run_id: object, runner_id: object, lease_ms: object, token: object
-    ) -> _Claim | None: ...
-    def heartbeat(self, claim: object, lease_ms: object) -> _Claim: ...
-    def release(self, claim: object) -> None: ...
-    def set_status(self, run_id: object, status: object, claim: object) -> _RunRow: ...
-    def lease(self, run_id: object) -> _Lease: ...
-    def expired_leases(self) -> list[_Lease]: ...
+        self, run_id: str, runner_id: str, lease_ms: int, token: str | None
+    ) -> Claim | None: ...
+    def heartbeat(self, claim: Claim, lease_ms: int) -> Claim: ...
+    def release(self, claim: Claim) -> None: ...
+    def set_status(self, run_id: str, status: str, claim: Claim) -> Run: ...
+    def lease(self, run_id: str) -> Lease: ...
+    def expired_leases(self) -> list[Lease]: ...
     def events(
-        self, run_id: object, after_seq: object, limit: object, types: object
-    ) -> list[tuple[Any, ...]]: ...
+        self, run_id: str | None, after_seq: int, limit: int, types: list[str] | None
+    ) -> list[Event]: ...

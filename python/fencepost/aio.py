@@ -1,4 +1,4 @@
-"""``AsyncLedger``: every ``Ledger`` method as a coroutine, for asyncio programs (DESIGN §10).
+"""``AsyncLedger``: every ``Ledger`` method as a coroutine, for asyncio programs.
 
 Each call runs the blocking method in a worker thread (``asyncio.to_thread``); the Rust core
 releases the GIL for the whole database transaction, so the event loop keeps running while

@@ -1,4 +1,4 @@
-"""The fencepost exception hierarchy (DESIGN §5, STYLE §4).
+"""The fencepost exception hierarchy.
 
 Every error derives from :class:`LedgerError`, carries its structured fields as attributes and
 a ``message`` that says what to do next. The Rust core raises these classes by calling them with

@@ -1,8 +1,10 @@
-"""The typed ``Ledger`` facade over the Rust core (DESIGN §8).
+"""The typed ``Ledger`` facade over the Rust core.
 
-The facade shapes arguments (target parsing, keyword validation) and converts results
-(epoch ms -> UTC ``datetime``, canonical JSON bytes -> values); every operation runs in Rust as
-one transaction with the GIL released.
+The facade holds the public signatures (keyword names, defaults, docstrings) and shapes a few
+arguments (target parsing, one ``str`` or an iterable as a list); it forwards everything else
+by name: a method with many keywords passes them as one dict, which ``_core.pyi`` types key by
+key. Every operation runs in Rust as one transaction with the GIL released, and the core
+returns the models of :mod:`fencepost.models` ready-made.
 """
 
 from __future__ import annotations
@@ -16,16 +18,16 @@ from fencepost import _core
 from fencepost.errors import InvalidArgument
 from fencepost.models import (
     Accounting,
+    AdoptedPreparation,
     Attempt,
     Claim,
+    ClaimedPreparation,
     Event,
     Lease,
-    Preparation,
     Reservation,
     Run,
     Step,
     Unit,
-    from_ms,
 )
 
 __all__ = ["ALL_SCOPES", "Ledger", "redact_target"]
@@ -44,54 +46,6 @@ ALL_SCOPES: Final = _AllScopes()
 """Sentinel for ``list_runs(scope_key=ALL_SCOPES)``: every scope (``None`` means "no scope")."""
 
 Durability = Literal["normal", "full"]
-
-
-def _json(raw: bytes | None) -> Any:
-    return None if raw is None else json.loads(raw)
-
-
-def _run(t: tuple[Any, ...] | None) -> Run | None:
-    if t is None:
-        return None
-    return Run(
-        t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], _json(t[10]), _json(t[11]),
-        t[12], from_ms(t[13]), from_ms(t[14]), from_ms(t[15]),
-    )  # fmt: skip
-
-
-def _run_required(t: tuple[Any, ...]) -> Run:
-    run = _run(t)
-    assert run is not None
-    return run
-
-
-def _step(t: tuple[Any, ...]) -> Step:
-    return Step(t[0], t[1], t[2], t[3], t[4], t[5], t[6], _json(t[7]), t[8], from_ms(t[9]))
-
-
-def _unit(t: tuple[Any, ...]) -> Unit:
-    return Unit(t[0], t[1], t[2], t[3], t[4], t[5], _json(t[6]), t[7], t[8], t[9])
-
-
-def _attempt(t: tuple[Any, ...]) -> Attempt:
-    return Attempt(
-        t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], _json(t[9]), t[10], t[11],
-        from_ms(t[12]), from_ms(t[13]),
-    )  # fmt: skip
-
-
-def _event(t: tuple[Any, ...]) -> Event:
-    return Event(t[0], t[1], t[2], t[3], t[4], t[5], t[6], _json(t[7]), from_ms(t[8]))
-
-
-def _claim(t: tuple[str, int, str, str, int]) -> Claim:
-    expires_at = from_ms(t[4])
-    assert expires_at is not None
-    return Claim(t[0], t[1], t[2], t[3], expires_at)
-
-
-def _lease(t: tuple[Any, ...]) -> Lease:
-    return Lease(t[0], t[1], t[2], t[3], from_ms(t[4]), from_ms(t[5]))
 
 
 def _refs(value: str | Iterable[str] | None, argument: str) -> list[str] | None:
@@ -214,7 +168,15 @@ class Ledger:
                 argument="clock",
             )
         return cls(
-            _core.Ledger(path, durability, busy_timeout_ms, clock, bool(create), url, schema)
+            _core.Ledger(
+                path,
+                url,
+                schema,
+                durability=durability,
+                busy_timeout_ms=busy_timeout_ms,
+                clock=clock,
+                create=bool(create),
+            )
         )
 
     @property
@@ -249,7 +211,7 @@ class Ledger:
         SQLite: ``None``)."""
         return dict(self._core.pragmas())
 
-    # ------------------------------------------------------------------ blobs
+    # ------------------------------------------------------------------ health
 
     def integrity_check(self) -> list[str]:
         """SQLite's ``PRAGMA integrity_check``: ``["ok"]`` for a sound file, else the problems."""
@@ -259,6 +221,8 @@ class Ledger:
         """Attempts lacking their ``unit.started`` event, as (run_id, unit_id, attempt,
         dispatch_id), at most 100. Always empty for a ledger only fencepost wrote."""
         return self._core.orphan_attempts()
+
+    # ------------------------------------------------------------------ blobs
 
     def put_json(self, value: object) -> str:
         """Store ``value`` as canonical JSON; returns its digest (idempotent)."""
@@ -291,12 +255,21 @@ class Ledger:
         ``guard_refs`` (default ``[workflow_ref]``) is ``active`` in ``scope_key``; the database
         enforces it, so racing processes cannot both win. ``params`` defaults to ``{}``.
         """
-        return _run_required(
-            self._core.start_run(
-                workflow_ref, scope_key, steps, params, plan, run_id, title,
-                _refs(guard_refs, "guard_refs"), force, agent_harness, agent_session_id,
-            )
-        )  # fmt: skip
+        return self._core.start_run(
+            {
+                "workflow_ref": workflow_ref,
+                "scope_key": scope_key,
+                "steps": steps,
+                "params": params,
+                "plan": plan,
+                "run_id": run_id,
+                "title": title,
+                "guard_refs": _refs(guard_refs, "guard_refs"),
+                "force": force,
+                "agent_harness": agent_harness,
+                "agent_session_id": agent_session_id,
+            },
+        )
 
     def publish_child_run(
         self,
@@ -312,16 +285,22 @@ class Ledger:
     ) -> Run:
         """Publish the child of ``parent_run_id`` for ``invocation_key``, or return the one
         already published (idempotent; concurrent publishers all get the same child)."""
-        return _run_required(
-            self._core.publish_child_run(
-                parent_run_id, parent_unit_id, invocation_key, workflow_ref, steps, params, plan,
-                run_id,
-            )
-        )  # fmt: skip
+        return self._core.publish_child_run(
+            {
+                "parent_run_id": parent_run_id,
+                "parent_unit_id": parent_unit_id,
+                "invocation_key": invocation_key,
+                "workflow_ref": workflow_ref,
+                "steps": steps,
+                "params": params,
+                "plan": plan,
+                "run_id": run_id,
+            },
+        )
 
     def get_run(self, run_id: str) -> Run | None:
         """The run, or ``None``."""
-        return _run(self._core.get_run(run_id))
+        return self._core.get_run(run_id)
 
     def resolve_run_id(self, prefix: str) -> str:
         """The one run id starting with ``prefix`` (``%``, ``_`` and ``\\`` are literal);
@@ -340,34 +319,33 @@ class Ledger:
         ``blocked``); children are left out unless ``include_children``."""
         all_scopes = isinstance(scope_key, _AllScopes)
         scope = None if isinstance(scope_key, _AllScopes) else scope_key
-        rows = self._core.list_runs(
+        return self._core.list_runs(
             all_scopes, scope, _refs(workflow_refs, "workflow_refs"), active_only, include_children
         )
-        return [_run_required(r) for r in rows]
 
     def find_active_run(self, workflow_refs: str | Iterable[str], scope_key: str) -> Run | None:
         """The newest top-level ``active`` run of these refs in ``scope_key``."""
         refs = _refs(workflow_refs, "workflow_refs")
-        return _run(self._core.find_active_run(refs, scope_key, False))
+        return self._core.find_active_run(refs, scope_key, False)
 
     def find_active_run_outside_scope(
         self, workflow_refs: str | Iterable[str], scope_key: str
     ) -> Run | None:
         """The newest top-level ``active`` run of these refs in any *other* scope (or none)."""
         refs = _refs(workflow_refs, "workflow_refs")
-        return _run(self._core.find_active_run(refs, scope_key, True))
+        return self._core.find_active_run(refs, scope_key, True)
 
     def find_scope_occupant(self, scope_key: str) -> Run | None:
         """The newest top-level ``active`` or ``blocked`` run in ``scope_key``."""
-        return _run(self._core.find_scope_occupant(scope_key))
+        return self._core.find_scope_occupant(scope_key)
 
     def child_runs(self, parent_run_id: str) -> list[Run]:
         """Children of a run, oldest first."""
-        return [_run_required(r) for r in self._core.child_runs(parent_run_id)]
+        return self._core.child_runs(parent_run_id)
 
     def steps(self, run_id: str) -> list[Step]:
         """The run's steps in plan order; ``RunNotFound`` for an unknown run."""
-        return [_step(t) for t in self._core.steps(run_id)]
+        return self._core.steps(run_id)
 
     def complete_step(
         self,
@@ -378,28 +356,36 @@ class Ledger:
         notes: str | None = None,
         evidence: Any = None,
         summary: str | None = None,
-        claim: Any = None,
+        claim: Claim | None = None,
     ) -> Run:
         """Finish the current step. ``completed``/``skipped`` advance to the next step (the last
         one completes the run); ``blocked`` and ``failed`` block the run until ``resume_run``."""
-        return _run_required(
-            self._core.complete_step(run_id, step_id, status, notes, evidence, summary, claim)
+        return self._core.complete_step(
+            run_id,
+            step_id,
+            {
+                "status": status,
+                "notes": notes,
+                "evidence": evidence,
+                "summary": summary,
+            },
+            claim,
         )
 
     def block_run(self, run_id: str, *, notes: str | None = None) -> Run:
         """``active`` -> ``blocked``; the current step is marked blocked with ``notes``."""
-        return _run_required(self._core.block_run(run_id, notes))
+        return self._core.block_run(run_id, notes)
 
     def resume_run(self, run_id: str) -> Run:
         """``blocked`` -> ``active``, reopening the current step (notes and evidence cleared).
         Refused with ``ActiveRunExists`` if the scope gained an active run meanwhile."""
-        return _run_required(self._core.resume_run(run_id))
+        return self._core.resume_run(run_id)
 
     def abandon_run(self, run_id: str) -> bool:
         """Cancel a non-terminal run; ``False`` if it was already terminal."""
         return self._core.abandon_run(run_id)
 
-    def set_outputs(self, run_id: str, outputs: Any, *, claim: Any = None) -> None:
+    def set_outputs(self, run_id: str, outputs: Any, *, claim: Claim | None = None) -> None:
         """Record the run's resolved outputs (stored as a canonical JSON blob)."""
         self._core.set_outputs(run_id, outputs, claim)
 
@@ -420,23 +406,34 @@ class Ledger:
         worktree_path: str | None = None,
         parent_unit_id: str | None = None,
         holder: str | None = None,
-        claim: Any = None,
+        claim: Claim | None = None,
     ) -> Reservation:
         """Reserve attempt n+1 of a unit, or reclaim its still-running latest attempt in place
         (same number and ``dispatch_id``; refused if ``step_id``/``input_hash`` changed)."""
-        return Reservation(
-            *self._core.reserve_attempt(
-                run_id, unit_id, step_id, node_id, phase, runner, engine, model, input_hash,
-                worktree_path, parent_unit_id, holder, claim,
-            )
-        )  # fmt: skip
+        return self._core.reserve_attempt(
+            run_id,
+            {
+                "unit_id": unit_id,
+                "step_id": step_id,
+                "node_id": node_id,
+                "phase": phase,
+                "runner": runner,
+                "engine": engine,
+                "model": model,
+                "input_hash": input_hash,
+                "worktree_path": worktree_path,
+                "parent_unit_id": parent_unit_id,
+                "holder": holder,
+            },
+            claim,
+        )
 
     def reserve_attempts(
-        self, run_id: str, units: Sequence[Mapping[str, Any]], *, claim: Any = None
+        self, run_id: str, units: Sequence[Mapping[str, Any]], *, claim: Claim | None = None
     ) -> list[Reservation]:
         """``reserve_attempt`` for many units in one transaction (all or nothing). Each dict
         takes ``unit_id`` plus the keywords of ``reserve_attempt``."""
-        return [Reservation(*t) for t in self._core.reserve_attempts(run_id, units, claim)]
+        return self._core.reserve_attempts(run_id, units, claim)
 
     def finish_attempt(
         self,
@@ -450,18 +447,28 @@ class Ledger:
         tokens: int | None = None,
         failure_reason: str | None = None,
         session_id: str | None = None,
-        claim: Any = None,
+        claim: Claim | None = None,
     ) -> bool:
         """Record the terminal result of a running attempt (compare-and-set on run, unit,
         attempt, ``dispatch_id`` and ``running``). ``False``, and nothing written, for a
         duplicate, late or unknown finish."""
         return self._core.finish_attempt(
-            run_id, unit_id, attempt, dispatch_id, status, result, tokens, failure_reason,
-            session_id, claim,
-        )  # fmt: skip
+            {
+                "run_id": run_id,
+                "unit_id": unit_id,
+                "attempt": attempt,
+                "dispatch_id": dispatch_id,
+                "status": status,
+                "result": result,
+                "tokens": tokens,
+                "failure_reason": failure_reason,
+                "session_id": session_id,
+            },
+            claim,
+        )
 
     def finish_attempts(
-        self, finishes: Sequence[Mapping[str, Any]], *, claim: Any = None
+        self, finishes: Sequence[Mapping[str, Any]], *, claim: Claim | None = None
     ) -> list[bool]:
         """``finish_attempt`` for many attempts in one transaction; each dict takes ``run_id``,
         ``unit_id``, ``attempt``, ``dispatch_id`` plus the keywords of ``finish_attempt``."""
@@ -469,20 +476,19 @@ class Ledger:
 
     def attempts(self, run_id: str, unit_id: str) -> list[Attempt]:
         """Every attempt of a unit, oldest first."""
-        return [_attempt(t) for t in self._core.attempts(run_id, unit_id)]
+        return self._core.attempts(run_id, unit_id)
 
     def units(self, run_id: str, *, step_id: str | None = None) -> list[Unit]:
         """The run's unit projections, in order of first reservation."""
-        return [_unit(t) for t in self._core.units(run_id, step_id)]
+        return self._core.units(run_id, step_id)
 
     def unit(self, run_id: str, unit_id: str) -> Unit | None:
         """One unit projection, or ``None``."""
-        t = self._core.unit(run_id, unit_id)
-        return None if t is None else _unit(t)
+        return self._core.unit(run_id, unit_id)
 
     def accounting(self, run_id: str) -> Accounting:
         """Attempt and token totals, split by phase; unfinished attempts count as attempts."""
-        return Accounting(*self._core.accounting(run_id))
+        return self._core.accounting(run_id)
 
     # ------------------------------------------------------------------ queue and claims
 
@@ -505,12 +511,21 @@ class Ledger:
         ``definition_digest`` must equal ``fencepost.digest(definition)``: it is recomputed,
         never trusted. With ``parent_run_id`` the run continues a ``parked`` parent of the same
         ``origin_session_id``, which becomes ``completed``."""
-        return _run_required(
-            self._core.reserve_run(
-                run_id, workflow_name, workflow_ref, source, definition_digest, definition,
-                input, launch_options, runner_id, origin_session_id, parent_run_id,
-            )
-        )  # fmt: skip
+        return self._core.reserve_run(
+            {
+                "run_id": run_id,
+                "workflow_name": workflow_name,
+                "workflow_ref": workflow_ref,
+                "source": source,
+                "definition_digest": definition_digest,
+                "definition": definition,
+                "input": input,
+                "launch_options": launch_options,
+                "runner_id": runner_id,
+                "origin_session_id": origin_session_id,
+                "parent_run_id": parent_run_id,
+            },
+        )
 
     def prepare_or_adopt(
         self,
@@ -528,15 +543,28 @@ class Ledger:
         parent_run_id: str | None = None,
         lease_ms: int,
         claim_token: str | None = None,
-    ) -> Preparation:
+    ) -> ClaimedPreparation | AdoptedPreparation:
         """One transaction: adopt the run if it exists with these exact inputs (no writes),
         raise ``PreparationConflict`` naming the fields that differ, or reserve and claim it
-        for ``runner_id`` (``state="claimed"`` with the claim)."""
-        state, run, claim = self._core.prepare_or_adopt(
-            run_id, workflow_name, workflow_ref, source, definition_digest, definition, input,
-            launch_options, runner_id, origin_session_id, parent_run_id, lease_ms, claim_token,
-        )  # fmt: skip
-        return Preparation(state, _run_required(run), None if claim is None else _claim(claim))
+        for ``runner_id`` (``state="claimed"`` with the claim). Checking ``state`` narrows
+        ``claim`` for a type checker."""
+        return self._core.prepare_or_adopt(
+            {
+                "run_id": run_id,
+                "workflow_name": workflow_name,
+                "workflow_ref": workflow_ref,
+                "source": source,
+                "definition_digest": definition_digest,
+                "definition": definition,
+                "input": input,
+                "launch_options": launch_options,
+                "runner_id": runner_id,
+                "origin_session_id": origin_session_id,
+                "parent_run_id": parent_run_id,
+            },
+            lease_ms,
+            claim_token,
+        )
 
     def claim(
         self, run_id: str, runner_id: str, *, lease_ms: int, token: str | None = None
@@ -544,29 +572,29 @@ class Ledger:
         """Take the run's lease at the next generation, or ``None`` if the run is terminal or
         another owner's lease is unexpired. Re-claiming your own live lease also takes a new
         generation, and the old token stops working. A queued run becomes ``starting``."""
-        t = self._core.claim(run_id, runner_id, lease_ms, token)
-        return None if t is None else _claim(t)
+        return self._core.claim(run_id, runner_id, lease_ms, token)
 
     def heartbeat(self, claim: Claim, *, lease_ms: int) -> Claim:
         """Extend a live claim to ``lease_ms`` from now; ``LeaseLost`` if it is stale."""
-        return _claim(self._core.heartbeat(claim, lease_ms))
+        return self._core.heartbeat(claim, lease_ms)
 
     def release(self, claim: Claim) -> None:
         """Give the lease up (owner cleared, generation kept); ``LeaseLost`` if stale."""
         self._core.release(claim)
 
     def set_status(self, run_id: str, status: str, *, claim: Claim) -> Run:
-        """Move a claimed run along the lifecycle (DESIGN §3); an illegal move is
-        ``InvalidArgument`` naming both statuses, a stale claim ``LeaseLost``."""
-        return _run_required(self._core.set_status(run_id, status, claim))
+        """Move a claimed run along its lifecycle (see :data:`fencepost.RunStatus` for the
+        moves); an illegal move is ``InvalidArgument`` naming both statuses, a stale claim
+        ``LeaseLost``."""
+        return self._core.set_status(run_id, status, claim)
 
     def lease(self, run_id: str) -> Lease:
         """The run's lease: generation 0 and no owner if it was never claimed."""
-        return _lease(self._core.lease(run_id))
+        return self._core.lease(run_id)
 
     def expired_leases(self) -> list[Lease]:
         """Owned leases whose expiry has passed (ledger clock) on runs that are not terminal."""
-        return [_lease(t) for t in self._core.expired_leases()]
+        return self._core.expired_leases()
 
     # ------------------------------------------------------------------ events
 
@@ -581,4 +609,4 @@ class Ledger:
         """Events in commit order (``seq``), optionally of one run and of some ``types``;
         page with ``after_seq`` (the last ``seq`` you saw)."""
         wanted = _refs(types, "types")
-        return [_event(t) for t in self._core.events(run_id, after_seq, limit, wanted)]
+        return self._core.events(run_id, after_seq, limit, wanted)

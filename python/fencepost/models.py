@@ -1,30 +1,82 @@
-"""Immutable records returned by the ledger (DESIGN §8 "Attributes").
+"""Immutable records returned by the ledger.
+
+The compiled core builds these records by name (``rust/py/records.rs``): it sets each field
+the way a frozen dataclass's ``__init__`` does (``object.__setattr__``), without running
+``__init__``. A field's name here is the whole contract between the two, with no positional
+order to keep in step; the classes must stay plain slotted dataclasses (no ``__post_init__``),
+which the core checks on first use.
 
 Timestamps are stored as integer epoch milliseconds and returned as timezone-aware UTC
-``datetime`` values; JSON fields (``params``, ``outputs``, ``result``, ``payload``) are returned
-decoded, never as digests.
+``datetime`` values; JSON fields (``params``, ``outputs``, ``evidence``, ``result``,
+``payload``) are returned decoded, never as digests.
+
+Statuses are ``Literal`` types naming every value the ledger writes, so a type checker catches
+a misspelt status and narrows on a comparison.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, overload
+
+if TYPE_CHECKING:
+    # A TypeVar default (PEP 696) lets a bare ``Preparation`` annotation mean "either state".
+    # Type checkers read it from typing_extensions; at run time (Python 3.11 has no TypeVar
+    # defaults, and the package has no dependencies) only type checkers need the default, so
+    # it is dropped.
+    from typing_extensions import TypeVar
+else:
+    import typing
+
+    def TypeVar(name: str, *, default: object = None, **kwargs: Any) -> Any:
+        return typing.TypeVar(name, **kwargs)
+
 
 __all__ = [
     "Accounting",
+    "AdoptedPreparation",
     "Attempt",
+    "AttemptStatus",
     "Claim",
+    "ClaimedPreparation",
     "Event",
     "Lease",
     "Preparation",
+    "PreparationState",
     "Reservation",
+    "ReservationKind",
     "Run",
+    "RunStatus",
     "Step",
+    "StepStatus",
     "Unit",
+    "UnitStatus",
     "from_ms",
     "to_ms",
 ]
+
+RunStatus: TypeAlias = Literal[
+    "queued", "starting", "active", "blocked", "parked", "completed", "failed", "cancelled"
+]
+"""A run's place in its lifecycle: ``queued -> starting -> active <-> blocked``, ``active ->
+parked -> completed`` (waiting for a continuation), ``active -> completed | failed``, and any
+non-terminal status -> ``cancelled`` or ``failed``. Terminal: completed, failed, cancelled."""
+
+StepStatus: TypeAlias = Literal["pending", "active", "completed", "blocked", "failed", "skipped"]
+"""A step's status: ``pending`` until it is the current step, then ``active``."""
+
+AttemptStatus: TypeAlias = Literal["running", "completed", "failed", "cancelled", "timed_out"]
+"""An attempt is ``running`` until finished with one of the four terminal statuses."""
+
+UnitStatus: TypeAlias = AttemptStatus
+"""A unit's status is its latest attempt's."""
+
+ReservationKind: TypeAlias = Literal["reserved", "reclaimed"]
+"""``reserved``: a new attempt; ``reclaimed``: the running latest attempt, taken over in place."""
+
+PreparationState: TypeAlias = Literal["claimed", "adopted"]
+"""``claimed``: the run was reserved and claimed by this call; ``adopted``: it existed already."""
 
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
@@ -48,13 +100,13 @@ def to_ms(value: _dt.datetime) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """One workflow run (DESIGN §2 ``runs``)."""
+    """One workflow run."""
 
     run_id: str
     workflow_ref: str
     workflow_name: str
     scope_key: str | None
-    status: str
+    status: RunStatus
     current_step_id: str | None
     parent_run_id: str | None
     parent_unit_id: str | None
@@ -77,7 +129,7 @@ class Step:
     title: str
     instructions: str
     sequence_index: int
-    status: str
+    status: StepStatus
     notes: str | None
     evidence: Any
     summary: str | None
@@ -92,7 +144,7 @@ class Unit:
     unit_id: str
     step_id: str | None
     phase: str
-    status: str
+    status: UnitStatus
     attempts: int
     result: Any
     tokens: int | None
@@ -108,7 +160,7 @@ class Attempt:
     unit_id: str
     attempt: int
     dispatch_id: str
-    status: str
+    status: AttemptStatus
     phase: str
     holder: str | None
     lease_generation: int | None
@@ -126,7 +178,7 @@ class Reservation:
 
     run_id: str
     unit_id: str
-    kind: str
+    kind: ReservationKind
     attempt: int
     dispatch_id: str
     reclaims: int
@@ -170,13 +222,33 @@ class Lease:
     heartbeat_at: _dt.datetime | None
 
 
-@dataclass(frozen=True, slots=True)
-class Preparation:
-    """``prepare_or_adopt``'s answer: ``state`` "claimed" (with ``claim``) or "adopted"."""
+_State = TypeVar("_State", bound=PreparationState, default=PreparationState, covariant=True)
+_Claim = TypeVar("_Claim", bound="Claim | None", default="Claim | None", covariant=True)
 
-    state: str
+
+@dataclass(frozen=True, slots=True)
+class Preparation(Generic[_State, _Claim]):
+    """``prepare_or_adopt``'s answer: ``state`` "claimed" (with ``claim``) or "adopted" (``claim``
+    is ``None``).
+
+    ``prepare_or_adopt`` is typed to return ``ClaimedPreparation | AdoptedPreparation``, so
+    checking ``state`` narrows ``claim``::
+
+        prep = ledger.prepare_or_adopt(run_id, ...)
+        if prep.state == "claimed":
+            token = prep.claim.token  # a Claim here, never None
+    """
+
+    state: _State
     run: Run
-    claim: Claim | None
+    claim: _Claim
+
+
+ClaimedPreparation: TypeAlias = Preparation[Literal["claimed"], Claim]
+"""A ``Preparation`` that reserved and claimed the run: ``claim`` is the new claim."""
+
+AdoptedPreparation: TypeAlias = Preparation[Literal["adopted"], None]
+"""A ``Preparation`` that found the run already there, with the same inputs: no claim."""
 
 
 @dataclass(frozen=True, slots=True)

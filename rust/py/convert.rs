@@ -1,5 +1,5 @@
 //! Python value -> canonical [`Doc`] walk, done while attached so the serializer and the hash
-//! run detached (STYLE §6).
+//! run detached (the GIL and the store's lock are held only as long as they must be).
 //!
 //! Rules: `bool` is checked before `int` and is never a number; tuples and list subclasses are
 //! arrays; dict subclasses are objects and their keys must be `str`; integers must lie within
@@ -15,8 +15,9 @@
 //! A borrowed pointer stays valid while its container is neither mutated nor freed, and only
 //! Python code can do either. So the walk guarantees that **no Python code runs from the first
 //! borrow to the last read of any borrowed pointer**:
-//! - The GIL is held throughout, and abi3 builds never run free-threaded, so no other thread
-//!   runs Python code meanwhile. None of the C API calls used below releases the GIL.
+//! - The GIL is held throughout, so no other thread runs Python code meanwhile: the module
+//!   declares `gil_used = true` (`lib.rs`), so even a free-threaded interpreter runs it with
+//!   the GIL on. None of the C API calls used below releases the GIL.
 //! - The calls the walk makes on user objects (type checks, `PyDict_Next`, `PyList_GetItem`,
 //!   `PyTuple_GetItem`, `PyUnicode_AsUTF8AndSize`, `PyLong_AsLongLongAndOverflow` on an `int`
 //!   or subclass, `PyFloat_AsDouble` on a `float` or subclass) read the objects' C-level

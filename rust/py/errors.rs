@@ -1,7 +1,7 @@
 //! [`LedgerError`] -> the Python exceptions of `fencepost.errors`.
 //!
-//! Each exception is built by calling its Python class with keyword fields (the cryptography
-//! way), so the classes stay plain, typed, picklable Python and own their message text.
+//! Each exception is built by calling its Python class with keyword fields, so the classes
+//! stay plain, typed, picklable Python and own their message text.
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -22,22 +22,6 @@ pyo3::import_exception!(fencepost.errors, LeaseLost);
 pyo3::import_exception!(fencepost.errors, StoreBusy);
 pyo3::import_exception!(fencepost.errors, SchemaError);
 pyo3::import_exception!(fencepost.errors, StoreError);
-
-/// Carries a core error across the detach boundary; converted to the Python exception once
-/// re-attached.
-pub struct PyLedgerError(pub LedgerError);
-
-impl From<LedgerError> for PyLedgerError {
-    fn from(e: LedgerError) -> Self {
-        Self(e)
-    }
-}
-
-impl From<PyLedgerError> for PyErr {
-    fn from(e: PyLedgerError) -> Self {
-        Python::attach(|py| to_pyerr(py, e.0))
-    }
-}
 
 /// Build the Python exception for `err`.
 pub fn to_pyerr(py: Python<'_>, err: LedgerError) -> PyErr {

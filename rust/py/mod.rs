@@ -1,25 +1,19 @@
-//! Python glue (`#[cfg(feature = "python")]`): argument extraction, detaching, and conversion
-//! of results and errors. No ledger logic lives here.
+//! Python glue (`#[cfg(feature = "python")]`): no ledger logic lives here.
+//!
+//! - `args`: Python arguments -> owned Rust values, each refusal naming its argument.
+//! - `convert`: the Python value -> canonical JSON walk behind every JSON argument.
+//! - `ledger`: the `fencepost._core.Ledger` methods (read, detach, run, re-attach).
+//! - `records`: core records -> the model objects of `fencepost.models`.
+//! - `errors`: `LedgerError` -> the exceptions of `fencepost.errors`.
 
+pub mod args;
 pub mod convert;
 pub mod errors;
 pub mod ledger;
+pub mod records;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-
-use crate::canonical;
-use crate::errors::LedgerError;
-
-/// Walk `value` (the Python argument named `argument`) into a canonical tape while attached;
-/// callers then serialize and hash it detached.
-pub fn read_doc(
-    py: Python<'_>,
-    value: &Bound<'_, PyAny>,
-    argument: &str,
-) -> PyResult<canonical::Doc> {
-    convert::to_doc(value).map_err(|e| errors::to_pyerr(py, LedgerError::canonical(argument, e)))
-}
 
 /// `canonical_json(value) -> bytes`: RFC 8785 canonical UTF-8 bytes.
 #[pyfunction]
@@ -27,7 +21,7 @@ pub fn canonical_json<'py>(
     py: Python<'py>,
     value: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let mut doc = read_doc(py, value, "value")?;
+    let mut doc = args::read_doc(py, value, "value")?;
     let bytes = PyBytes::new(py, py.detach(|| doc.write()));
     doc.recycle();
     Ok(bytes)
@@ -36,7 +30,7 @@ pub fn canonical_json<'py>(
 /// `digest(value) -> "sha256:<64 hex>"` of the canonical bytes.
 #[pyfunction]
 pub fn digest(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<String> {
-    let mut doc = read_doc(py, value, "value")?;
+    let mut doc = args::read_doc(py, value, "value")?;
     let digest = py.detach(|| doc.digest());
     doc.recycle();
     Ok(digest)

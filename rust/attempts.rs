@@ -14,91 +14,16 @@ use crate::params;
 use crate::canonical::{into_text, to_vec, Value};
 use crate::errors::{LedgerError, Result};
 use crate::events::{self, Actor};
-use crate::ids::{check_name, new_dispatch_id};
+use crate::ids::new_dispatch_id;
 use crate::leases::{self, Fence};
 use crate::model::{Reservation, ReservationKind};
 use crate::status::{run_state, AttemptStatus};
 use crate::store::{sql, BatchStatements, Store, Tx};
 
 mod read;
+mod spec;
 pub use read::{accounting, attempts, orphans, unit, units};
-
-/// One unit to reserve.
-#[derive(Debug, Clone, Default)]
-pub struct UnitSpec {
-    /// Unit id.
-    pub unit_id: String,
-    /// Step the unit belongs to.
-    pub step_id: String,
-    /// Plan node.
-    pub node_id: Option<String>,
-    /// `unit` (dispatch) or `gate`.
-    pub phase: String,
-    /// Runner.
-    pub runner: Option<String>,
-    /// Engine.
-    pub engine: Option<String>,
-    /// Model.
-    pub model: Option<String>,
-    /// Opaque hash of the unit's input.
-    pub input_hash: Option<String>,
-    /// Worktree.
-    pub worktree_path: Option<String>,
-    /// Fan-out template parent.
-    pub parent_unit_id: Option<String>,
-    /// Who holds the reservation.
-    pub holder: Option<String>,
-}
-
-impl UnitSpec {
-    fn check(&self) -> Result<()> {
-        check_name("unit_id", &self.unit_id)?;
-        check_name("step_id", &self.step_id)?;
-        if !matches!(self.phase.as_str(), "unit" | "gate") {
-            return Err(LedgerError::invalid(
-                "phase",
-                format!("{:?} is not a phase; use \"unit\" or \"gate\"", self.phase),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// One finish.
-#[derive(Debug, Clone, Default)]
-pub struct FinishSpec {
-    /// Run id.
-    pub run_id: String,
-    /// Unit id.
-    pub unit_id: String,
-    /// Attempt number.
-    pub attempt: i64,
-    /// The attempt's dispatch id.
-    pub dispatch_id: String,
-    /// `completed`, `failed`, `cancelled` or `timed_out`.
-    pub status: String,
-    /// Canonical JSON result.
-    pub result: Option<String>,
-    /// Tokens spent.
-    pub tokens: Option<i64>,
-    /// Why it failed.
-    pub failure_reason: Option<String>,
-    /// Agent session.
-    pub session_id: Option<String>,
-}
-
-impl FinishSpec {
-    fn check(&self) -> Result<()> {
-        AttemptStatus::parse_finish(&self.status)?;
-        if self.tokens.is_some_and(|t| t < 0) {
-            return Err(LedgerError::invalid(
-                "tokens",
-                "must be a non-negative int or None",
-            ));
-        }
-        Ok(())
-    }
-}
+pub use spec::{FinishSpec, UnitSpec};
 
 /// Reserve (or reclaim) attempts for `units` of one run, in one transaction.
 pub fn reserve_attempts(
@@ -114,23 +39,36 @@ pub fn reserve_attempts(
     // Random ids are drawn before BEGIN so the write lock covers only SQL.
     let dispatch_ids: Vec<String> = units.iter().map(|_| new_dispatch_id()).collect();
     store.write("reserving attempts", |tx| {
-        tx.lock_run(run_id)?;
-        let actor = leases::check(tx, run_id, fence, now_ms)?;
-        run_state(tx, run_id)?.require_active(run_id)?;
-        // One unit keeps the one-by-one statements: measured, the set-based statement's generic
-        // plan for a single JSON row cost more than the two round trips it saves.
-        if let Some(batch) = tx
-            .batch_statements()
-            .filter(|_| units.len() > 1 && distinct(units))
-        {
-            return reserve_set(tx, batch, run_id, units, &dispatch_ids, &actor, now_ms);
-        }
-        units
-            .iter()
-            .zip(&dispatch_ids)
-            .map(|(u, d)| reserve_one(tx, run_id, u, d, &actor, now_ms))
-            .collect()
+        reserve_in(tx, run_id, units, &dispatch_ids, fence, now_ms)
     })
+}
+
+/// The body of [`reserve_attempts`] inside the caller's transaction, with the dispatch ids
+/// drawn beforehand (one per unit), so running it again reuses them.
+pub(crate) fn reserve_in(
+    tx: &dyn Tx,
+    run_id: &str,
+    units: &[UnitSpec],
+    dispatch_ids: &[String],
+    fence: Option<&Fence>,
+    now_ms: i64,
+) -> Result<Vec<Reservation>> {
+    tx.lock_run(run_id)?;
+    let actor = leases::check(tx, run_id, fence, now_ms)?;
+    run_state(tx, run_id)?.require_active(run_id)?;
+    // One unit keeps the one-by-one statements: measured, the set-based statement's generic
+    // plan for a single JSON row cost more than the two round trips it saves.
+    if let Some(batch) = tx
+        .batch_statements()
+        .filter(|_| units.len() > 1 && distinct(units))
+    {
+        return reserve_set(tx, batch, run_id, units, dispatch_ids, &actor, now_ms);
+    }
+    units
+        .iter()
+        .zip(dispatch_ids)
+        .map(|(u, d)| reserve_one(tx, run_id, u, d, &actor, now_ms))
+        .collect()
 }
 
 /// Whether every unit id of a batch is distinct (a repeated unit reclaims its own new attempt:
@@ -397,27 +335,37 @@ pub fn finish_attempts(
         f.check()?;
     }
     store.write("finishing attempts", |tx| {
-        if let Some(batch) = tx.batch_statements().filter(|_| finishes.len() > 1) {
-            return finish_set(tx, batch, finishes, fence, now_ms);
-        }
-        let mut checked: Option<(&str, Actor<'_>)> = None;
-        let mut out = Vec::with_capacity(finishes.len());
-        for f in finishes {
-            tx.lock_run(&f.run_id)?;
-            // The fence is checked once per run in the batch (a claim names one run).
-            let actor = match &checked {
-                Some((run, actor)) if *run == f.run_id => actor.clone(),
-                _ if fence.is_none() => Actor::default(),
-                _ => {
-                    let actor = leases::check(tx, &f.run_id, fence, now_ms)?;
-                    checked = Some((&f.run_id, actor.clone()));
-                    actor
-                }
-            };
-            out.push(finish_one(tx, f, &actor, now_ms)?);
-        }
-        Ok(out)
+        finish_in(tx, finishes, fence, now_ms)
     })
+}
+
+/// The body of [`finish_attempts`] inside the caller's transaction.
+pub(crate) fn finish_in(
+    tx: &dyn Tx,
+    finishes: &[FinishSpec],
+    fence: Option<&Fence>,
+    now_ms: i64,
+) -> Result<Vec<bool>> {
+    if let Some(batch) = tx.batch_statements().filter(|_| finishes.len() > 1) {
+        return finish_set(tx, batch, finishes, fence, now_ms);
+    }
+    let mut checked: Option<(&str, Actor<'_>)> = None;
+    let mut out = Vec::with_capacity(finishes.len());
+    for f in finishes {
+        tx.lock_run(&f.run_id)?;
+        // The fence is checked once per run in the batch (a claim names one run).
+        let actor = match &checked {
+            Some((run, actor)) if *run == f.run_id => actor.clone(),
+            _ if fence.is_none() => Actor::default(),
+            _ => {
+                let actor = leases::check(tx, &f.run_id, fence, now_ms)?;
+                checked = Some((&f.run_id, actor.clone()));
+                actor
+            }
+        };
+        out.push(finish_one(tx, f, &actor, now_ms)?);
+    }
+    Ok(out)
 }
 
 /// A finish's identity: run, unit, attempt, dispatch id.

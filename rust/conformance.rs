@@ -49,7 +49,12 @@ conformance!(
     event_revisions,
     set_status_follows_the_lifecycle,
     the_operations_move_runs_along_the_lifecycle,
+    group_matches_one_by_one,
+    a_failing_call_keeps_its_neighbours,
 );
+
+mod group;
+use group::{a_failing_call_keeps_its_neighbours, group_matches_one_by_one};
 
 const T0: i64 = 1_700_000_000_000;
 const LEASE_MS: i64 = 60_000;

@@ -369,27 +369,38 @@ pub fn heartbeat(
 ) -> Result<Claim> {
     check_lease_ms("lease_ms", lease_ms)?;
     store.write("renewing a claim", |tx| {
-        tx.lock_run(&fence.run_id)?;
-        let actor = check(tx, &fence.run_id, Some(fence), now_ms)?;
-        let expires_at = now_ms.saturating_add(lease_ms);
-        let changed = tx.exec(
-            &sql::HEARTBEAT_SQL,
-            params![
-                fence.run_id,
-                now_ms,
-                expires_at,
-                fence.generation,
-                fence.token_hash
-            ],
-        )?;
-        fenced_write(fence, changed)?;
-        Ok(Claim {
-            run_id: fence.run_id.clone(),
-            generation: fence.generation,
-            token: token.to_owned(),
-            owner_id: actor.id.unwrap_or_default(),
+        heartbeat_in(tx, fence, token, lease_ms, now_ms)
+    })
+}
+
+/// The body of [`heartbeat`] inside the caller's transaction.
+pub(crate) fn heartbeat_in(
+    tx: &dyn Tx,
+    fence: &Fence,
+    token: &str,
+    lease_ms: i64,
+    now_ms: i64,
+) -> Result<Claim> {
+    tx.lock_run(&fence.run_id)?;
+    let actor = check(tx, &fence.run_id, Some(fence), now_ms)?;
+    let expires_at = now_ms.saturating_add(lease_ms);
+    let changed = tx.exec(
+        &sql::HEARTBEAT_SQL,
+        params![
+            fence.run_id,
+            now_ms,
             expires_at,
-        })
+            fence.generation,
+            fence.token_hash
+        ],
+    )?;
+    fenced_write(fence, changed)?;
+    Ok(Claim {
+        run_id: fence.run_id.clone(),
+        generation: fence.generation,
+        token: token.to_owned(),
+        owner_id: actor.id.unwrap_or_default(),
+        expires_at,
     })
 }
 

@@ -16,6 +16,7 @@ pub mod queue;
 pub mod runs;
 pub mod status;
 pub mod store;
+pub mod writer;
 
 #[cfg(test)]
 mod conformance;

@@ -7,8 +7,9 @@ SQLite works. Results, models and errors are exactly the synchronous ones.
     async with await fencepost.aio.AsyncLedger.open("fencepost.db") as ledger:
         run = await ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], force=True)
 
-Calls on one ``AsyncLedger`` share its connection and are serialized by it (one transaction at
-a time per ledger, as with threads); open several ledgers for parallel writers.
+Calls on one ``AsyncLedger`` share its connection, as threads sharing a ``Ledger`` do:
+concurrent reserves, finishes and heartbeats join one transaction (group commit), every other
+call runs one transaction at a time.
 
 Cancellation (``task.cancel()``, ``asyncio.wait_for`` or ``asyncio.timeout`` running out)
 cancels the *wait*, not the work. A transaction already handed to its thread runs to its end
@@ -120,6 +121,7 @@ class AsyncLedger:
         busy_timeout_ms: int = 5000,
         create: bool = True,
         schema: str | None = None,
+        group_commit: bool = True,
     ) -> AsyncLedger:
         """``Ledger.open`` in a worker thread (opening migrates, which may take a moment); the
         same keywords. Cancelled, it closes the ledger it opened."""
@@ -132,6 +134,7 @@ class AsyncLedger:
                 busy_timeout_ms=busy_timeout_ms,
                 create=create,
                 schema=schema,
+                group_commit=group_commit,
             )
 
         return cls(await _undo_on_cancel(work, Ledger.close))

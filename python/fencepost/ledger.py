@@ -126,6 +126,7 @@ class Ledger:
         busy_timeout_ms: int = 5000,
         create: bool = True,
         schema: str | None = None,
+        group_commit: bool = True,
     ) -> Ledger:
         """Open (creating and migrating if needed) the ledger at ``target``.
 
@@ -142,6 +143,11 @@ class Ledger:
         tables live in (default ``public``), so tests and tenants can share one database.
         There ``durability="normal"`` is ``synchronous_commit=off`` and ``"full"`` is ``on``;
         ``busy_timeout_ms`` is the session's ``lock_timeout`` and the retry budget.
+
+        ``group_commit`` (default on): reserves, finishes and heartbeats made concurrently from
+        several threads on this ledger share one transaction (one commit, one sync), each call
+        keeping its own outcome; a call returns after its group commits. ``False`` runs every
+        call in a transaction of its own.
         """
         path, url = _parse_target(target)
         if schema is not None and not isinstance(schema, str):
@@ -176,6 +182,7 @@ class Ledger:
                 busy_timeout_ms=busy_timeout_ms,
                 clock=clock,
                 create=bool(create),
+                group_commit=bool(group_commit),
             )
         )
 

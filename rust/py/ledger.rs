@@ -10,13 +10,12 @@
 //! Arguments are read by `args`, results built by `records`; a method with many keywords
 //! takes them as one dict, read by one reader per keyword set.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::Arc;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyInt};
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::canonical::Json;
-use crate::errors::{LedgerError, Result};
 use crate::leases::ClaimSpec;
 use crate::py::args::{
     self, claim_arg, fence_arg, flag, int, opt_prose, opt_text, read_doc, str_list, text,
@@ -25,68 +24,22 @@ use crate::py::args::{
 use crate::py::errors::to_pyerr;
 use crate::py::records;
 use crate::runs::{self, RunFilter};
-use crate::store::{Durability, OpenOptions, Store};
+use crate::store::{Durability, OpenOptions};
+use crate::writer::{Config, Op, Writer};
+
+mod call;
 use crate::{attempts, blobs, events, leases, queue};
 
-/// The ledger handle: one connection behind a mutex, shared safely between threads.
+/// The ledger handle: one connection behind the group-commit writer, shared safely between
+/// threads. Reserves, finishes and heartbeats queue there (concurrent ones share a
+/// transaction); every other call locks the store directly.
 #[pyclass(frozen, module = "fencepost._core", name = "Ledger")]
 pub struct PyLedger {
-    store: Mutex<Option<Box<dyn Store>>>,
+    /// `None` only while `__new__` opens the store.
+    writer: Option<Arc<Writer>>,
     clock: Option<Py<PyAny>>,
     /// The store's password-free label, kept for `repr` after `close`.
     target: String,
-}
-
-fn system_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-impl PyLedger {
-    fn now(&self, py: Python<'_>) -> PyResult<i64> {
-        let Some(clock) = &self.clock else {
-            return Ok(system_now_ms());
-        };
-        let value = clock.call0(py)?;
-        let bound = value.bind(py);
-        let now = int(bound, "clock").map_err(|e| {
-            if bound.is_instance_of::<PyInt>() && !bound.is_instance_of::<PyBool>() {
-                return e; // an int beyond 64 bits: int() says so
-            }
-            args::invalid(
-                py,
-                "clock",
-                format!(
-                    "must return epoch milliseconds as an int, returned {}",
-                    args::type_name(bound)
-                ),
-            )
-        })?;
-        crate::leases::check_clock_ms(now).map_err(|e| to_pyerr(py, e))?;
-        Ok(now)
-    }
-
-    /// Read the clock, detach, lock, run `op` on the store, re-attach.
-    fn run<T: Send>(
-        &self,
-        py: Python<'_>,
-        op: impl FnOnce(&mut dyn Store, i64) -> Result<T> + Send,
-    ) -> PyResult<T> {
-        let now = self.now(py)?;
-        py.detach(|| {
-            let mut guard = self.store.lock().unwrap_or_else(PoisonError::into_inner);
-            match guard.as_mut() {
-                Some(store) => op(store.as_mut(), now),
-                None => Err(LedgerError::StoreError {
-                    operation: "using the ledger".into(),
-                    message: "the ledger is closed; open it again with fencepost.Ledger.open()"
-                        .into(),
-                }),
-            }
-        })
-        .map_err(|e| to_pyerr(py, e))
-    }
 }
 
 #[pymethods]
@@ -94,7 +47,10 @@ impl PyLedger {
     /// `path` (`None`: in memory) or `url` (PostgreSQL) names the store; `path`, `url` and
     /// `schema` are free text, named as the facade's `target` and `schema`.
     #[new]
-    #[pyo3(signature = (path, url, schema, *, durability, busy_timeout_ms, clock, create))]
+    #[pyo3(signature = (
+        path, url, schema, *, durability, busy_timeout_ms, clock, create, group_commit=true
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         path: &Bound<'_, PyAny>,
         url: &Bound<'_, PyAny>,
@@ -103,6 +59,7 @@ impl PyLedger {
         busy_timeout_ms: u64,
         clock: Option<Py<PyAny>>,
         create: bool,
+        group_commit: bool,
     ) -> PyResult<Self> {
         let py = path.py();
         let path = opt_prose(path, "target")?;
@@ -118,7 +75,7 @@ impl PyLedger {
             create,
         };
         let mut this = Self {
-            store: Mutex::new(None),
+            writer: None,
             clock,
             target: String::new(),
         };
@@ -135,7 +92,8 @@ impl PyLedger {
             })
             .map_err(|e| to_pyerr(py, e))?;
         store.label().clone_into(&mut this.target);
-        *this.store.lock().unwrap_or_else(PoisonError::into_inner) = Some(store);
+        let cfg = Config::new(group_commit, busy_timeout_ms);
+        this.writer = Some(Arc::new(Writer::new(store, cfg)));
         Ok(this)
     }
 
@@ -145,15 +103,19 @@ impl PyLedger {
         self.target.clone()
     }
 
+    /// Refuse new calls, let the queued ones finish (or fail them), close the store.
     fn close(&self, py: Python<'_>) {
-        py.detach(|| {
-            drop(
-                self.store
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take(),
-            );
-        });
+        if let Some(writer) = &self.writer {
+            py.detach(|| writer.close());
+        }
+    }
+
+    /// The writer's counts since open: `groups`, `calls`, `max_group`, `fallbacks`.
+    fn group_stats(&self) -> std::collections::HashMap<&'static str, u64> {
+        self.writer
+            .as_ref()
+            .map(|w| w.stats().into_iter().collect())
+            .unwrap_or_default()
     }
 
     fn pragmas<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -374,11 +336,12 @@ impl PyLedger {
         claim: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let run_id = text(run_id, "run_id")?;
-        let unit = [args::unit_arg(unit)?];
+        let unit = vec![args::unit_arg(unit)?];
         let fence = fence_arg(claim)?;
-        let mut out = self.run(py, move |s, now| {
-            attempts::reserve_attempts(s, &run_id, &unit, fence.as_ref(), now)
-        })?;
+        let mut out = self
+            .submit(py, move |now| Op::reserve(run_id, unit, fence, now))?
+            .reservations()
+            .map_err(|e| to_pyerr(py, e))?;
         records::reservation(py, out.remove(0))
     }
 
@@ -392,9 +355,10 @@ impl PyLedger {
         let run_id = text(run_id, "run_id")?;
         let units = args::units_arg(units)?;
         let fence = fence_arg(claim)?;
-        let out = self.run(py, move |s, now| {
-            attempts::reserve_attempts(s, &run_id, &units, fence.as_ref(), now)
-        })?;
+        let out = self
+            .submit(py, move |now| Op::reserve(run_id, units, fence, now))?
+            .reservations()
+            .map_err(|e| to_pyerr(py, e))?;
         out.into_iter()
             .map(|r| records::reservation(py, r))
             .collect()
@@ -408,9 +372,12 @@ impl PyLedger {
     ) -> PyResult<bool> {
         let finish = FinishArgs::one(finish)?;
         let fence = fence_arg(claim)?;
-        let out = self.run(py, move |s, now| {
-            attempts::finish_attempts(s, &[finish.into_spec()], fence.as_ref(), now)
-        })?;
+        let out = self
+            .submit(py, move |now| {
+                Op::finish(vec![finish.into_spec()], fence, now)
+            })?
+            .finished()
+            .map_err(|e| to_pyerr(py, e))?;
         Ok(out.first().copied().unwrap_or(false))
     }
 
@@ -422,10 +389,12 @@ impl PyLedger {
     ) -> PyResult<Vec<bool>> {
         let finishes = FinishArgs::many(finishes)?;
         let fence = fence_arg(claim)?;
-        self.run(py, move |s, now| {
-            let specs: Vec<_> = finishes.into_iter().map(FinishArgs::into_spec).collect();
-            attempts::finish_attempts(s, &specs, fence.as_ref(), now)
-        })
+        self.submit(py, move |now| {
+            let specs = finishes.into_iter().map(FinishArgs::into_spec).collect();
+            Op::finish(specs, fence, now)
+        })?
+        .finished()
+        .map_err(|e| to_pyerr(py, e))
     }
 
     fn attempts<'py>(
@@ -535,9 +504,10 @@ impl PyLedger {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (fence, token) = claim_arg(claim)?;
         let lease_ms = int(lease_ms, "lease_ms")?;
-        let claim = self.run(py, move |s, now| {
-            leases::heartbeat(s, &fence, &token, lease_ms, now)
-        })?;
+        let claim = self
+            .submit(py, move |now| Op::heartbeat(fence, token, lease_ms, now))?
+            .claim()
+            .map_err(|e| to_pyerr(py, e))?;
         records::claim(py, claim)
     }
 

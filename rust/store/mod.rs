@@ -370,6 +370,37 @@ pub trait Tx {
     /// one per row. `None` where a statement is an in-process call (SQLite): there the
     /// one-by-one statements are as fast, and they are the only path.
     fn batch_statements(&self) -> Option<&'static BatchStatements>;
+    /// Take, keep or undo the savepoint around one call of a grouped transaction (one level:
+    /// the calls of a group run one after another). SQLite runs it now; PostgreSQL queues it.
+    fn savepoint(&self, step: Savepoint) -> Result<()>;
+    /// Name the operation the statements from here on belong to, for error messages (a grouped
+    /// transaction runs the calls of several operations).
+    fn set_operation(&self, op: &'static str);
+    /// How far the last failed statement's harm reaches: only its call, the transaction (run
+    /// it again), or the connection (the commit's outcome is unknown).
+    fn failure_scope(&self) -> FailureScope;
+}
+
+/// A step of the savepoint around one call of a grouped transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Savepoint {
+    /// `SAVEPOINT`: the call begins.
+    Begin,
+    /// `RELEASE`: the call succeeded; its writes join the transaction.
+    Release,
+    /// `ROLLBACK TO` then `RELEASE`: the call refused; nothing of it stays.
+    Undo,
+}
+
+/// How far a failure reaches (see [`Tx::failure_scope`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureScope {
+    /// The call's own refusal: its neighbours may go on.
+    Call,
+    /// Contention or a race: the transaction runs again as a whole.
+    Transaction,
+    /// The session is gone: whether the commit landed is unknown.
+    Connection,
 }
 
 impl dyn Tx + '_ {
@@ -462,6 +493,11 @@ pub trait Store: Send {
     /// writer at a time in `seq` order, so it has no horizon; see the PostgreSQL store.
     fn event_horizon(&mut self) -> Result<Option<i64>> {
         Ok(None)
+    }
+    /// Whether the last transaction lost its connection: a failed `COMMIT` may then have
+    /// landed, so nothing of it may be run again. SQLite is in-process: never.
+    fn lost(&self) -> bool {
+        false
     }
 }
 

@@ -307,6 +307,10 @@ impl Store for PgStore {
         Ok(row.get(0))
     }
 
+    fn lost(&self) -> bool {
+        self.broken
+    }
+
     fn pragmas(&mut self) -> Result<Pragmas> {
         self.ensure_connected()?;
         let row = self.block("reading settings", |c| c.query_one(sql::PRAGMAS_SQL, &[]))?;

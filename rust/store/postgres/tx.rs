@@ -16,7 +16,8 @@ use super::sql;
 use super::target::Target;
 use crate::errors::{LedgerError, Result};
 use crate::store::{
-    ledger_error, BatchStatements, DbError, DbErrorKind, DbResult, Row, Sql, SqlValue, ToSql,
+    ledger_error, BatchStatements, DbError, DbErrorKind, DbResult, FailureScope, Row, Savepoint,
+    Sql, SqlValue, ToSql,
 };
 
 /// Why a statement's failure asks for the whole transaction to run again.
@@ -37,7 +38,7 @@ pub(super) struct Tx<'a> {
     pipe: Pipeline<'a>,
     statements: RefCell<&'a mut HashMap<&'static str, Statement>>,
     target: &'a Target,
-    op: &'a str,
+    op: Cell<&'a str>,
     /// Set when a statement failed in a way that re-running the transaction can cure.
     retry: Cell<Option<RetryKind>>,
     /// Runs whose row lock this transaction holds (or has queued).
@@ -46,6 +47,9 @@ pub(super) struct Tx<'a> {
     savepoint: Cell<u32>,
     /// A statement met a dead session.
     lost: Cell<bool>,
+    /// How many run locks were held when the current call's savepoint began: undoing it
+    /// releases the locks taken after.
+    call_locks: Cell<usize>,
 }
 
 impl<'a> Tx<'a> {
@@ -62,11 +66,12 @@ impl<'a> Tx<'a> {
             pipe: Pipeline::new(runtime, client, begin),
             statements: RefCell::new(statements),
             target,
-            op,
+            op: Cell::new(op),
             retry: Cell::new(None),
             locked: RefCell::new(Vec::new()),
             savepoint: Cell::new(0),
             lost: Cell::new(false),
+            call_locks: Cell::new(0),
         }
     }
 
@@ -268,7 +273,7 @@ impl crate::store::Tx for Tx<'_> {
     }
 
     fn fail(&self, err: &DbError) -> LedgerError {
-        ledger_error(self.op, &self.target.label, err)
+        ledger_error(self.op.get(), &self.target.label, err)
     }
 
     /// Queued, not sent: the lock goes out with the operation's first read, in the same round
@@ -294,6 +299,47 @@ impl crate::store::Tx for Tx<'_> {
     /// costs one round trip instead of one per row.
     fn batch_statements(&self) -> Option<&'static BatchStatements> {
         Some(&sql::BATCH)
+    }
+
+    /// Queued like a deferred write: `SAVEPOINT` goes out with the call's first read, and
+    /// `RELEASE` or `ROLLBACK TO` with the next call's (`ROLLBACK TO` is legal in an aborted
+    /// transaction). A queued failure surfaces at a later call's statement as a store error,
+    /// which ends the whole group, so it is never charged to the wrong caller.
+    fn savepoint(&self, step: Savepoint) -> Result<()> {
+        let queue = |text: &'static str| {
+            if self.pipe.push(Queued::Simple(text.into())) {
+                self.send(None, false)
+                    .map_err(|e| crate::store::Tx::fail(self, &e))?;
+            }
+            Ok(())
+        };
+        match step {
+            Savepoint::Begin => {
+                self.call_locks.set(self.locked.borrow().len());
+                queue("SAVEPOINT fp_call")
+            }
+            Savepoint::Release => queue("RELEASE SAVEPOINT fp_call"),
+            Savepoint::Undo => {
+                // Locks taken inside the savepoint are gone after `ROLLBACK TO`.
+                self.locked.borrow_mut().truncate(self.call_locks.get());
+                queue("ROLLBACK TO SAVEPOINT fp_call")?;
+                queue("RELEASE SAVEPOINT fp_call")
+            }
+        }
+    }
+
+    fn set_operation(&self, op: &'static str) {
+        self.op.set(op);
+    }
+
+    fn failure_scope(&self) -> FailureScope {
+        if self.lost.get() {
+            FailureScope::Connection
+        } else if self.retry.get().is_some() {
+            FailureScope::Transaction
+        } else {
+            FailureScope::Call
+        }
     }
 }
 

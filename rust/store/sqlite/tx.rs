@@ -10,7 +10,8 @@ use rusqlite::Connection;
 use super::errors::classify;
 use crate::errors::{LedgerError, Result};
 use crate::store::{
-    ledger_error, BatchStatements, DbError, DbErrorKind, DbResult, Row, Sql, SqlValue, ToSql,
+    ledger_error, BatchStatements, DbError, DbErrorKind, DbResult, FailureScope, Row, Savepoint,
+    Sql, SqlValue, ToSql,
 };
 
 /// An open transaction, with the operation and database named for error messages. Every
@@ -18,7 +19,7 @@ use crate::store::{
 pub(super) struct Tx<'a> {
     inner: &'a Connection,
     label: &'a str,
-    op: &'a str,
+    op: Cell<&'a str>,
     /// Set when a statement failed on a busy lock: the write is retried as a whole.
     retry: Cell<bool>,
 }
@@ -30,7 +31,7 @@ impl<'a> Tx<'a> {
         Self {
             inner: conn,
             label,
-            op,
+            op: Cell::new(op),
             retry: Cell::new(false),
         }
     }
@@ -151,7 +152,7 @@ impl crate::store::Tx for Tx<'_> {
     }
 
     fn fail(&self, err: &DbError) -> LedgerError {
-        ledger_error(self.op, self.label, err)
+        ledger_error(self.op.get(), self.label, err)
     }
 
     /// The IMMEDIATE transaction already holds the database's one write lock.
@@ -162,5 +163,35 @@ impl crate::store::Tx for Tx<'_> {
     /// Statements are in-process calls: one per row costs no round trip.
     fn batch_statements(&self) -> Option<&'static BatchStatements> {
         None
+    }
+
+    /// One fixed name, so each statement stays in the prepared-statement cache.
+    fn savepoint(&self, step: Savepoint) -> Result<()> {
+        let run = |sql: &str| {
+            self.control(sql).map_err(|e| {
+                let e = self.classify(&e);
+                crate::store::Tx::fail(self, &e)
+            })
+        };
+        match step {
+            Savepoint::Begin => run("SAVEPOINT fp_call"),
+            Savepoint::Release => run("RELEASE fp_call"),
+            Savepoint::Undo => {
+                run("ROLLBACK TO fp_call")?;
+                run("RELEASE fp_call")
+            }
+        }
+    }
+
+    fn set_operation(&self, op: &'static str) {
+        self.op.set(op);
+    }
+
+    fn failure_scope(&self) -> FailureScope {
+        if self.retry.get() {
+            FailureScope::Transaction
+        } else {
+            FailureScope::Call
+        }
     }
 }

@@ -1,0 +1,82 @@
+//! The arguments of reserving and finishing, checked before any transaction.
+
+use crate::errors::{LedgerError, Result};
+use crate::ids::check_name;
+use crate::status::AttemptStatus;
+
+/// One unit to reserve.
+#[derive(Debug, Clone, Default)]
+pub struct UnitSpec {
+    /// Unit id.
+    pub unit_id: String,
+    /// Step the unit belongs to.
+    pub step_id: String,
+    /// Plan node.
+    pub node_id: Option<String>,
+    /// `unit` (dispatch) or `gate`.
+    pub phase: String,
+    /// Runner.
+    pub runner: Option<String>,
+    /// Engine.
+    pub engine: Option<String>,
+    /// Model.
+    pub model: Option<String>,
+    /// Opaque hash of the unit's input.
+    pub input_hash: Option<String>,
+    /// Worktree.
+    pub worktree_path: Option<String>,
+    /// Fan-out template parent.
+    pub parent_unit_id: Option<String>,
+    /// Who holds the reservation.
+    pub holder: Option<String>,
+}
+
+impl UnitSpec {
+    pub(crate) fn check(&self) -> Result<()> {
+        check_name("unit_id", &self.unit_id)?;
+        check_name("step_id", &self.step_id)?;
+        if !matches!(self.phase.as_str(), "unit" | "gate") {
+            return Err(LedgerError::invalid(
+                "phase",
+                format!("{:?} is not a phase; use \"unit\" or \"gate\"", self.phase),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One finish.
+#[derive(Debug, Clone, Default)]
+pub struct FinishSpec {
+    /// Run id.
+    pub run_id: String,
+    /// Unit id.
+    pub unit_id: String,
+    /// Attempt number.
+    pub attempt: i64,
+    /// The attempt's dispatch id.
+    pub dispatch_id: String,
+    /// `completed`, `failed`, `cancelled` or `timed_out`.
+    pub status: String,
+    /// Canonical JSON result.
+    pub result: Option<String>,
+    /// Tokens spent.
+    pub tokens: Option<i64>,
+    /// Why it failed.
+    pub failure_reason: Option<String>,
+    /// Agent session.
+    pub session_id: Option<String>,
+}
+
+impl FinishSpec {
+    pub(crate) fn check(&self) -> Result<()> {
+        AttemptStatus::parse_finish(&self.status)?;
+        if self.tokens.is_some_and(|t| t < 0) {
+            return Err(LedgerError::invalid(
+                "tokens",
+                "must be a non-negative int or None",
+            ));
+        }
+        Ok(())
+    }
+}

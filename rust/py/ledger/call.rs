@@ -1,0 +1,81 @@
+//! How a method reaches the store: the clock read while attached, then, detached, either the
+//! store itself (reads and the calls the writer does not group) or the writer's queue.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt};
+
+use super::PyLedger;
+use crate::errors::{LedgerError, Result};
+use crate::py::args::{self, int};
+use crate::py::errors::to_pyerr;
+use crate::store::Store;
+use crate::writer::{Op, Output, Writer};
+
+fn system_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl PyLedger {
+    pub(super) fn now(&self, py: Python<'_>) -> PyResult<i64> {
+        let Some(clock) = &self.clock else {
+            return Ok(system_now_ms());
+        };
+        let value = clock.call0(py)?;
+        let bound = value.bind(py);
+        let now = int(bound, "clock").map_err(|e| {
+            if bound.is_instance_of::<PyInt>() && !bound.is_instance_of::<PyBool>() {
+                return e; // an int beyond 64 bits: int() says so
+            }
+            args::invalid(
+                py,
+                "clock",
+                format!(
+                    "must return epoch milliseconds as an int, returned {}",
+                    args::type_name(bound)
+                ),
+            )
+        })?;
+        crate::leases::check_clock_ms(now).map_err(|e| to_pyerr(py, e))?;
+        Ok(now)
+    }
+
+    fn writer(&self) -> Result<&Writer> {
+        self.writer
+            .as_deref()
+            .ok_or_else(|| LedgerError::StoreError {
+                operation: "using the ledger".into(),
+                message: "the ledger is not open".into(),
+            })
+    }
+
+    /// Read the clock, detach, lock, run `op` on the store, re-attach.
+    pub(super) fn run<T: Send>(
+        &self,
+        py: Python<'_>,
+        op: impl FnOnce(&mut dyn Store, i64) -> Result<T> + Send,
+    ) -> PyResult<T> {
+        let now = self.now(py)?;
+        py.detach(|| self.writer()?.with_store(|s| op(s, now)))
+            .map_err(|e| to_pyerr(py, e))
+    }
+
+    /// Read the clock, detach, build the call and queue it on the writer, re-attach. A closed
+    /// ledger refuses before the arguments are checked, as a call on the store would.
+    pub(super) fn submit(
+        &self,
+        py: Python<'_>,
+        build: impl FnOnce(i64) -> Result<Op> + Send,
+    ) -> PyResult<Output> {
+        let now = self.now(py)?;
+        py.detach(|| {
+            let writer = self.writer()?;
+            if writer.is_closed() {
+                return Err(crate::writer::closed());
+            }
+            writer.submit(build(now)?)
+        })
+        .map_err(|e| to_pyerr(py, e))
+    }
+}

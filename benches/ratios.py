@@ -12,6 +12,7 @@ import json
 import pathlib
 import sys
 from collections import defaultdict
+from typing import Any
 
 
 def main(path: str) -> int:
@@ -19,6 +20,8 @@ def main(path: str) -> int:
     groups: dict[str, dict[str, float]] = defaultdict(dict)
     for b in data["benchmarks"]:
         info = b["extra_info"]
+        if "units_per_s" in info:
+            continue  # one figure per caller count: the concurrency curve below
         impl = info.get("impl") or b["name"].split("[")[0]
         groups[b["group"] or b["name"]][impl] = b["stats"]["median"] * 1e6 / info.get("ops", 1)
     cpu = data["machine_info"].get("cpu", {})
@@ -38,7 +41,7 @@ def main(path: str) -> int:
                 f"{us / floor:.2f}x" if floor and impl == "fencepost" and "tx" in group else ""
             )
             print(f"| {group} | {impl} | {us:.2f} | {ratio} | {over_floor} |")
-    curve = [b["extra_info"] for b in data["benchmarks"] if "cpu_busy" in b["extra_info"]]
+    curve = [b["extra_info"] for b in data["benchmarks"] if "claims_per_s" in b["extra_info"]]
     if curve:
         print()
         print("| claimers | winning claims/s | machine CPU busy | clients' share of it |")
@@ -48,7 +51,65 @@ def main(path: str) -> int:
                 f"| {info['impl']} | {info['claims_per_s']:.0f} | {info['cpu_busy']:.0%} "
                 f"| {info['client_cpu_share']:.0%} |"
             )
+    concurrency([b["extra_info"] for b in data["benchmarks"] if "units_per_s" in b["extra_info"]])
     return 0
+
+
+def concurrency(rows: list[dict[str, Any]]) -> None:
+    """The concurrency curve (benches/bench_concurrency.py): units/s per caller count for each
+    store and implementation, then the ratios the targets are stated in: grouped over
+    ungrouped at the same count, grouped over its own single caller, and fencepost grouped over
+    the peer at the same count (huey is measured at 16 only)."""
+    if not rows:
+        return
+    rate: dict[tuple[str, str, int], float] = {}
+    share: dict[tuple[str, str, int], str] = {}
+    for info in rows:
+        key = (info["store"], info["impl"], info["callers"])
+        rate[key] = info["units_per_s"]
+        if "cpu_busy" in info:
+            client = info.get("client_cpu_share")
+            share[key] = f"{info['cpu_busy']:.0%}" + (f" ({client:.0%})" if client else "")
+    counts = sorted({c for _, _, c in rate})
+    head = " | ".join(f"{c}" for c in counts)
+    print()
+    print("Units/s (reserve + finish per unit, one round each) by callers:")
+    print()
+    print(f"| store | impl | {head} |")
+    print("|---|---|" + "--:|" * len(counts))
+    for store, impl in sorted({(s, i) for s, i, _ in rate}):
+        cells = " | ".join(
+            f"{rate[store, impl, c]:.0f}" if (store, impl, c) in rate else "" for c in counts
+        )
+        print(f"| {store} | {impl} | {cells} |")
+    print()
+    print("Machine CPU busy (this process's share of it) by callers:")
+    print()
+    print(f"| store | impl | {head} |")
+    print("|---|---|" + "--:|" * len(counts))
+    for store, impl in sorted({(s, i) for s, i, _ in share}):
+        cells = " | ".join(share.get((store, impl, c), "") for c in counts)
+        print(f"| {store} | {impl} | {cells} |")
+
+    def ratio(a: tuple[str, str, int], b: tuple[str, str, int]) -> str:
+        return f"{rate[a] / rate[b]:.2f}x" if a in rate and b in rate and rate[b] else ""
+
+    print()
+    print("| store | callers | grouped / ungrouped | grouped / grouped x1 | grouped / peer |")
+    print("|---|--:|--:|--:|--:|")
+    for store in sorted({s for s, _, _ in rate}):
+        peers = sorted({i for s, i, _ in rate if s == store and not i.startswith("fencepost")})
+        for c in counts:
+            g = (store, "fencepost grouped", c)
+            if g not in rate:
+                continue
+            vs_peer = ", ".join(
+                f"{ratio(g, (store, p, c))} {p}" for p in peers if (store, p, c) in rate
+            )
+            print(
+                f"| {store} | {c} | {ratio(g, (store, 'fencepost ungrouped', c))} "
+                f"| {ratio(g, (store, 'fencepost grouped', 1))} | {vs_peer} |"
+            )
 
 
 if __name__ == "__main__":

@@ -1,185 +1,622 @@
-"""Group commit: reserves, finishes and heartbeats from threads sharing one ``Ledger`` join one
-transaction while one is in flight, and each call keeps the outcome it would have alone."""
+"""Group commit: many threads sharing one Ledger, on a SQLite file and on PostgreSQL.
+
+Concurrent covered calls (reserve_attempt(s), finish_attempt(s), heartbeat) share transactions,
+and each still keeps its own outcome: a call that returned is in the database, a call that
+raised LeaseLost or RunNotActive wrote nothing, a finish wins at most once per attempt, and
+every run's event revisions stay gap-free. ``group_commit=False`` gives the same results with
+one call per transaction.
+
+Threads start together behind a barrier so that calls really arrive while a transaction is in
+flight; ``_core.group_stats()`` says whether they coalesced (its counts are since open).
+"""
 
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
+import functools
+import pathlib
+import random
+import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 import fencepost as fp
-from tests.conftest import raw_db
-from tests.processes import check_invariants
+from tests.conftest import STEPS, FakeClock, fresh_target, pg_connect, raw_db
+from tests.processes import check_invariants, outcome
 
 THREADS = 16
-UNITS = 20
+# Fixed, so that a lease's expiry (now + lease_ms) names the call that wrote it.
+LEASE_MS = 600_000
+# No call may take anywhere near this long; a thread still alive after it means a hang.
+JOIN_S = 60
 
 
-def _start(ledger: fp.Ledger, run_id: str) -> str:
-    return ledger.start_run(
-        "wf", scope_key=None, steps=[{"id": "s"}], run_id=run_id, force=True
-    ).run_id
+def _open(target: str, clock: FakeClock, *, group_commit: bool = True) -> fp.Ledger:
+    return fp.Ledger.open(target, clock=clock, group_commit=group_commit)
 
 
-def test_threads_share_transactions_and_keep_their_outcomes(target: str) -> None:
-    with fp.Ledger.open(target) as ledger:
-        run = _start(ledger, "shared")
-        barrier = threading.Barrier(THREADS)
-        wins: list[tuple[str, int]] = []
-        errors: list[BaseException] = []
+def _stats(ledger: fp.Ledger) -> dict[str, int]:
+    return ledger._core.group_stats()
 
-        def work(t: int) -> None:
-            try:
-                barrier.wait()
-                for i in range(UNITS):
-                    unit = f"t{t}-u{i}"
-                    r = ledger.reserve_attempt(run, unit, step_id="s")
-                    first = ledger.finish_attempt(
-                        run, unit, r.attempt, r.dispatch_id, status="completed"
+
+def _run(ledger: fp.Ledger, run_id: str) -> str:
+    ledger.start_run("wf/gc", scope_key=None, steps=STEPS, run_id=run_id, force=True)
+    return run_id
+
+
+def _try(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[str, Any]:
+    """``outcome`` of one call, its arguments bound now."""
+    return outcome(functools.partial(fn, *args, **kwargs))
+
+
+def _threads(n: int, body: Callable[[int, threading.Barrier], None]) -> None:
+    """Run ``body(i, barrier)`` on ``n`` threads that start together; fail on a hang or on an
+    exception a body let escape."""
+    barrier = threading.Barrier(n)
+    escaped: list[BaseException] = []
+
+    def main(i: int) -> None:
+        try:
+            body(i, barrier)
+        except BaseException as e:  # reported below, with the thread's traceback
+            escaped.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=main, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + JOIN_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "a call hung"
+    if escaped:
+        raise escaped[0]
+
+
+def _revisions_gap_free(target: str) -> None:
+    with raw_db(target) as db:
+        rows = db.execute("SELECT resource_id, revision FROM events").fetchall()
+    by_run: dict[str, list[int]] = {}
+    for resource, revision in rows:
+        by_run.setdefault(resource, []).append(revision)
+    for resource, revisions in by_run.items():
+        assert sorted(revisions) == list(range(1, len(revisions) + 1)), resource
+
+
+# ------------------------------------------------------------------ random calls, shared state
+
+
+class _Shared:
+    """What the threads of the random workload share: the current and stale claims per run,
+    the reservations made so far (finished at random, duplicates included), and the log of
+    every call with its outcome."""
+
+    def __init__(self, claims: dict[str, fp.Claim]) -> None:
+        self.lock = threading.Lock()
+        self.current = dict(claims)
+        self.stale: dict[str, list[fp.Claim]] = {r: [] for r in claims}
+        self.reservations: list[fp.Reservation] = []
+        self.log: list[tuple[str, Any, str, Any]] = []
+        self.ids = iter(range(1, 1 << 30))
+
+    def next_id(self) -> int:
+        with self.lock:
+            return next(self.ids)
+
+    def record(self, kind: str, call: Any, result: tuple[str, Any]) -> None:
+        with self.lock:
+            self.log.append((kind, call, result[0], result[1]))
+            if kind == "reserve" and result[0] == "ok":
+                got = result[1]
+                self.reservations.extend(got if isinstance(got, list) else [got])
+
+
+def _random_calls(
+    ledger: fp.Ledger, shared: _Shared, fenced: list[str], free: str, blocked: str, calls: int
+) -> Callable[[int, threading.Barrier], None]:
+    """A thread's body: ``calls`` random covered calls, plus now and then a takeover (a
+    re-claim, which leaves the previous claim stale while other threads still use it)."""
+
+    def body(i: int, barrier: threading.Barrier) -> None:
+        rnd = random.Random(i)
+        barrier.wait()
+        for _ in range(calls):
+            n = shared.next_id()
+            roll = rnd.random()
+            run_id = rnd.choice([*fenced, free])
+            with shared.lock:
+                current = shared.current.get(run_id)
+                stale = rnd.choice(shared.stale[run_id]) if shared.stale.get(run_id) else None
+            claim = rnd.choice([current, current, stale]) if run_id in fenced else None
+            if roll < 0.03 and run_id in fenced:
+                # A takeover: the same runner claims again; the old token stops working.
+                new = ledger.claim(run_id, "host-a", lease_ms=LEASE_MS)
+                assert new is not None
+                with shared.lock:
+                    old = shared.current[run_id]
+                    shared.current[run_id] = new
+                    shared.stale[run_id].append(old)
+            elif roll < 0.35:
+                unit = f"u{rnd.randrange(40)}"
+                holder = f"call-{n}"
+                shared.record(
+                    "reserve",
+                    (run_id, [holder]),
+                    _try(
+                        ledger.reserve_attempt,
+                        run_id,
+                        unit,
+                        step_id="build",
+                        holder=holder,
+                        claim=claim,
+                    ),
+                )
+            elif roll < 0.45:
+                # The batch form is one call too: all of its units or none.
+                units = [f"u{u}" for u in rnd.sample(range(40), 2)]
+                holders = [f"call-{n}-{j}" for j in range(2)]
+                batch = [
+                    {"unit_id": u, "step_id": "build", "holder": h}
+                    for u, h in zip(units, holders, strict=True)
+                ]
+                shared.record(
+                    "reserve",
+                    (run_id, holders),
+                    _try(ledger.reserve_attempts, run_id, batch, claim=claim),
+                )
+            elif roll < 0.5:
+                unit = f"u{rnd.randrange(40)}"
+                holder = f"call-{n}"
+                shared.record(
+                    "reserve",
+                    (blocked, [holder]),
+                    _try(ledger.reserve_attempt, blocked, unit, step_id="build", holder=holder),
+                )
+            elif roll < 0.85:
+                with shared.lock:
+                    picked = rnd.choice(shared.reservations) if shared.reservations else None
+                if picked is None:
+                    continue
+                claim = None
+                if picked.run_id in fenced:
+                    with shared.lock:
+                        current = shared.current[picked.run_id]
+                        olds = shared.stale[picked.run_id]
+                        claim = rnd.choice([current, current, *(olds[-1:])])
+                if rnd.random() < 0.2:
+                    finish = {
+                        "run_id": picked.run_id,
+                        "unit_id": picked.unit_id,
+                        "attempt": picked.attempt,
+                        "dispatch_id": picked.dispatch_id,
+                        "status": "completed",
+                        "tokens": n,
+                    }
+                    result = _try(ledger.finish_attempts, [finish], claim=claim)
+                    if result[0] == "ok":
+                        result = ("ok", result[1][0])
+                else:
+                    result = _try(
+                        ledger.finish_attempt,
+                        picked.run_id,
+                        picked.unit_id,
+                        picked.attempt,
+                        picked.dispatch_id,
+                        status="completed",
+                        tokens=n,
+                        claim=claim,
                     )
-                    again = ledger.finish_attempt(
-                        run, unit, r.attempt, r.dispatch_id, status="failed"
-                    )
-                    assert (first, again) == (True, False)
-                    wins.append((unit, r.attempt))
-            except BaseException as e:  # reported by the main thread
-                errors.append(e)
+                shared.record("finish", (picked, n), result)
+            elif run_id in fenced:
+                claim = rnd.choice([c for c in (current, current, stale) if c is not None])
+                # Its own lease length, so the expiry in the lease row names the call.
+                shared.record(
+                    "heartbeat",
+                    (run_id, LEASE_MS + n),
+                    _try(ledger.heartbeat, claim, lease_ms=LEASE_MS + n),
+                )
 
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(THREADS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert errors == []
-        stats = ledger._core.group_stats()
-        assert stats["calls"] >= THREADS * UNITS * 3
-        assert stats["groups"] <= stats["calls"]
-        for unit, attempt in wins:
-            got = ledger.attempts(run, unit)
-            assert [(a.attempt, a.status) for a in got] == [(attempt, "completed")]
-    assert check_invariants(target) == THREADS * UNITS
+    return body
 
 
-def test_group_commit_off_runs_every_call_alone(target: str) -> None:
-    with fp.Ledger.open(target, group_commit=False) as ledger:
-        run = _start(ledger, "alone")
+def test_threads_share_transactions_and_keep_their_outcomes(target: str, clock: FakeClock) -> None:
+    with _open(target, clock) as ledger:
+        fenced = [_run(ledger, "gc-a"), _run(ledger, "gc-b")]
+        free = _run(ledger, "gc-free")
+        blocked = _run(ledger, "gc-blocked")
+        ledger.block_run(blocked, notes="held")
+        claims = {}
+        for run_id in fenced:
+            claim = ledger.claim(run_id, "host-a", lease_ms=LEASE_MS)
+            assert claim is not None
+            claims[run_id] = claim
+        shared = _Shared(claims)
+        _threads(THREADS, _random_calls(ledger, shared, fenced, free, blocked, 60))
+        stats = _stats(ledger)
+        final_claims = dict(shared.current)
 
-        def work(t: int) -> None:
-            for i in range(5):
-                ledger.reserve_attempt(run, f"t{t}-{i}", step_id="s")
+    log = shared.log
+    kinds = Counter(result for _, _, result, _ in log)
+    assert set(kinds) <= {"ok", "LeaseLost", "RunNotActive"}, kinds
+    for kind in ("ok", "LeaseLost", "RunNotActive"):
+        assert kinds[kind], kinds
+    # Every call went through the writer, and some of them shared a transaction.
+    assert stats["calls"] >= len(log)
+    assert stats["groups"] < stats["calls"]
+    assert stats["max_group"] > 1, stats
 
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        stats = ledger._core.group_stats()
-        assert stats["max_group"] == 1
-        assert stats["calls"] == stats["groups"] == 20
+    with raw_db(target) as db:
+        attempts = {
+            (r, u, a): (d, status, tokens, holder)
+            for r, u, a, d, status, tokens, holder in db.execute(
+                "SELECT run_id, unit_id, attempt, dispatch_id, status, tokens, holder FROM attempts"
+            ).fetchall()
+        }
+        leases = {
+            r: (generation, expires_at - clock.now)
+            for r, generation, expires_at in db.execute(
+                "SELECT resource_id, generation, expires_at FROM leases WHERE owner_id IS NOT NULL"
+            ).fetchall()
+        }
+    holders = {h for *_, h in attempts.values()}
+    tokens = {t for _, _, t, _ in attempts.values() if t is not None}
+    wins: Counter[tuple[str, str, int]] = Counter()
+    for kind, call, result, value in log:
+        if kind == "reserve":
+            run_id, call_holders = call
+            if result == "ok":
+                for res in value if isinstance(value, list) else [value]:
+                    key = (res.run_id, res.unit_id, res.attempt)
+                    assert attempts[key][0] == res.dispatch_id  # a returned reservation is there
+            else:
+                for holder in call_holders:
+                    assert holder not in holders, f"{holder} raised {result} but wrote an attempt"
+                if run_id == blocked:
+                    assert result == "RunNotActive"
+        elif kind == "finish":
+            picked, n = call
+            key = (picked.run_id, picked.unit_id, picked.attempt)
+            if result == "ok" and value:
+                wins[key] += 1
+                assert attempts[key][1:3] == ("completed", n)  # the winner's own finish
+            elif result != "ok":
+                assert n not in tokens, f"finish {n} raised {result} but wrote its result"
+    assert all(w == 1 for w in wins.values()), "two winning finishes for one attempt"
+    finished = {k for k, (_, status, _, _) in attempts.items() if status != "running"}
+    assert finished == set(wins)  # every finished attempt has exactly its one winning call
+    beats = {(r, ms): result for kind, (r, ms), result, _ in log if kind == "heartbeat"}
+    for run_id, claim in final_claims.items():
+        generation, lease_ms = leases[run_id]
+        assert generation == claim.generation
+        # The lease's length is the last claim's or a heartbeat's that returned, never one
+        # that raised LeaseLost.
+        assert lease_ms == LEASE_MS or beats[run_id, lease_ms] == "ok", lease_ms
+    _revisions_gap_free(target)
+    check_invariants(target)
 
 
-_HOLD_SQLITE = """
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-sys.stdin.readline()
-db.execute("ROLLBACK")
-"""
+# ------------------------------------------------------------------ grouped == one by one
+
+
+def _deterministic(
+    ledger: fp.Ledger, claim: fp.Claim, stale: fp.Claim, results: dict[int, list[Any]]
+) -> Callable[[int, threading.Barrier], None]:
+    """A thread's body whose outcomes do not depend on how the threads interleave: each
+    thread works on its own units, and the lease never changes hands during the run."""
+
+    def body(i: int, barrier: threading.Barrier) -> None:
+        rnd = random.Random(1000 + i)
+        mine: list[Any] = []
+        latest: dict[str, fp.Reservation] = {}
+        barrier.wait()
+        for k in range(40):
+            roll = rnd.random()
+            unit = f"t{i}-u{rnd.randrange(6)}"
+            fence = rnd.choice([claim, claim, stale, None])
+            if roll < 0.4 or unit not in latest:
+                res = _try(
+                    ledger.reserve_attempt,
+                    "det",
+                    unit,
+                    step_id="build",
+                    holder=f"t{i}",
+                    claim=fence,
+                )
+                if res[0] == "ok":
+                    latest[unit] = res[1]
+                    mine.append(("reserve", unit, res[1].kind, res[1].attempt, res[1].reclaims))
+                else:
+                    mine.append(("reserve", unit, res[0]))
+            elif roll < 0.75:
+                r = latest[unit]
+                wrong = roll < 0.45
+                res = _try(
+                    ledger.finish_attempt,
+                    "det",
+                    r.unit_id,
+                    r.attempt,
+                    "not-the-dispatch-id" if wrong else r.dispatch_id,
+                    status=rnd.choice(["completed", "failed"]),
+                    tokens=k,
+                    claim=fence,
+                )
+                mine.append(("finish", unit, r.attempt, res[0], res[1] if res[0] == "ok" else 0))
+            elif roll < 0.82:
+                res = _try(ledger.reserve_attempt, "det-blocked", unit, step_id="build")
+                mine.append(("blocked", unit, res[0]))
+            else:
+                hb = rnd.choice([claim, stale])
+                res = _try(ledger.heartbeat, hb, lease_ms=LEASE_MS)
+                got = res[1].generation if res[0] == "ok" else res[0]
+                mine.append(("heartbeat", hb is claim, got))
+        results[i] = mine
+
+    return body
+
+
+def _deterministic_run(
+    target: str, clock: FakeClock, group_commit: bool
+) -> tuple[dict[int, list[Any]], dict[str, Any], dict[str, int]]:
+    results: dict[int, list[Any]] = {}
+    with _open(target, clock, group_commit=group_commit) as ledger:
+        _run(ledger, "det")
+        _run(ledger, "det-blocked")
+        ledger.block_run("det-blocked", notes="held")
+        stale = ledger.claim("det", "host-a", lease_ms=LEASE_MS)
+        claim = ledger.claim("det", "host-a", lease_ms=LEASE_MS)
+        assert stale is not None
+        assert claim is not None
+        _threads(THREADS, _deterministic(ledger, claim, stale, results))
+        stats = _stats(ledger)
+    with raw_db(target) as db:
+        rows = {
+            "attempts": sorted(
+                db.execute(
+                    "SELECT run_id, unit_id, attempt, status, tokens, holder, lease_generation, "
+                    "reclaims, started_at, finished_at FROM attempts"
+                ).fetchall()
+            ),
+            "units": sorted(db.execute("SELECT * FROM units").fetchall()),
+            "leases": sorted(
+                db.execute(
+                    "SELECT resource_id, generation, owner_id, expires_at FROM leases"
+                ).fetchall()
+            ),
+            # The writer picks the order of concurrent calls, so events compare as a multiset
+            # (revisions are checked gap-free on their own).
+            "events": sorted(
+                db.execute(
+                    "SELECT resource_id, type, actor_type, actor_id, generation, "
+                    "json_extract(payload, '$.unit_id'), json_extract(payload, '$.attempt') "
+                    "FROM events"
+                ).fetchall(),
+                key=repr,
+            ),
+        }
+    _revisions_gap_free(target)
+    check_invariants(target)
+    return results, rows, stats
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_grouped_matches_ungrouped(kind: str, tmp_path: pathlib.Path) -> None:
+    """The same seeded calls on disjoint units, with group_commit on and off: the same result
+    per call and the same rows; only grouping shows in the stats."""
+    outs = {}
+    for grouped in (False, True):
+        place = tmp_path / str(grouped)
+        place.mkdir()
+        with fresh_target(kind, place) as target:
+            outs[grouped] = _deterministic_run(target, FakeClock(), grouped)
+    (plain, plain_rows, plain_stats), (grouped_results, grouped_rows, grouped_stats) = (
+        outs[False],
+        outs[True],
+    )
+    assert grouped_results == plain
+    for table in plain_rows:
+        assert grouped_rows[table] == plain_rows[table], table
+    assert plain_stats["max_group"] == 1
+    assert grouped_stats["max_group"] > 1, grouped_stats
+
+
+def test_ungrouped_runs_one_call_per_transaction(target: str, clock: FakeClock) -> None:
+    results: dict[int, list[Any]] = {}
+    with _open(target, clock, group_commit=False) as ledger:
+        _run(ledger, "det")
+        _run(ledger, "det-blocked")
+        ledger.block_run("det-blocked", notes="held")
+        stale = ledger.claim("det", "host-a", lease_ms=LEASE_MS)
+        claim = ledger.claim("det", "host-a", lease_ms=LEASE_MS)
+        assert stale is not None
+        assert claim is not None
+        _threads(THREADS, _deterministic(ledger, claim, stale, results))
+        stats = _stats(ledger)
+    assert stats["max_group"] == 1
+    assert stats["groups"] == stats["calls"] >= THREADS * 40
+    check_invariants(target)
+
+
+# ------------------------------------------------------------------ fencing under coalescing
 
 
 @contextlib.contextmanager
-def _held(target: str, run_id: str) -> Iterator[None]:
-    """Hold the write lock the dummy call needs while the body runs: SQLite's one write lock
-    (from another process: POSIX locks never conflict within one), or the run's row."""
+def _write_lock_held(target: str, run_id: str) -> Iterator[None]:
+    """Hold what the ledger's writes on ``run_id`` wait for, from another connection: SQLite's
+    one write lock, or the run's row lock on PostgreSQL (the lock every write to a run takes
+    before it reads the fence)."""
     if target.startswith("postgresql://"):
-        with raw_db(target) as db:
-            db.execute("BEGIN")
-            db.execute("SELECT 1 FROM runs WHERE run_id = ? FOR UPDATE", (run_id,))
+        conn = pg_connect(target)
+        try:
+            conn.execute("BEGIN")
+            conn.execute("SELECT 1 FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
             yield
-            db.execute("ROLLBACK")
+        finally:
+            with contextlib.suppress(Exception):
+                conn.execute("ROLLBACK")
+            conn.close()
         return
-    with subprocess.Popen(
-        [sys.executable, "-c", _HOLD_SQLITE, target],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        assert proc.stdout is not None
-        assert proc.stdin is not None
-        assert proc.stdout.readline().strip() == "locked"
+    db = sqlite3.connect(target, isolation_level=None)
+    try:
+        db.execute("BEGIN IMMEDIATE")
         yield
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        proc.wait(10)
+    finally:
+        db.execute("ROLLBACK")
+        db.close()
 
 
-def test_a_stale_owner_and_the_new_owner_in_one_group(target: str) -> None:
-    with fp.Ledger.open(target, busy_timeout_ms=10_000) as ledger:
-        run = _start(ledger, "fenced")
-        dummy = _start(ledger, "dummy")
-        stale = ledger.claim(run, "host-a", lease_ms=60_000)
-        live = ledger.claim(run, "host-a", lease_ms=60_000)
-        assert stale is not None
-        assert live is not None
-        events_before = len(ledger.events(run))
-        out: dict[str, Any] = {}
+def _stale_events(target: str, generation: int) -> int:
+    with raw_db(target) as db:
+        return int(
+            db.execute(
+                "SELECT count(*) FROM events WHERE generation = ?", (generation,)
+            ).fetchone()[0]
+        )
 
-        def call(name: str, f: Any) -> None:
+
+def test_stale_and_new_owner_in_one_group(target: str, clock: FakeClock) -> None:
+    with _open(target, clock) as ledger:
+        run_id = _run(ledger, "fenced")
+        old = ledger.claim(run_id, "host-a", lease_ms=10_000)
+        assert old is not None
+        old_res = ledger.reserve_attempt(run_id, "old-unit", step_id="build", claim=old)
+        clock.advance(20_000)  # the old owner's lease expires; host-b takes the run over
+        new = ledger.claim(run_id, "host-b", lease_ms=LEASE_MS)
+        assert new is not None
+        assert new.generation == old.generation + 1
+        new_res = ledger.reserve_attempt(run_id, "new-unit", step_id="build", claim=new)
+        before = _stats(ledger)
+        stale_events = _stale_events(target, old.generation)
+
+        out: dict[str, tuple[str, Any]] = {}
+        calls: dict[str, Callable[[], Any]] = {
+            "lead": lambda: ledger.reserve_attempt(run_id, "lead", step_id="build"),
+            "stale heartbeat": lambda: ledger.heartbeat(old, lease_ms=LEASE_MS + 1),
+            "stale finish": lambda: ledger.finish_attempt(
+                run_id,
+                "old-unit",
+                old_res.attempt,
+                old_res.dispatch_id,
+                status="completed",
+                tokens=111,
+                claim=old,
+            ),
+            "stale reserve": lambda: ledger.reserve_attempt(
+                run_id, "stale-unit", step_id="build", holder="stale", claim=old
+            ),
+            "new heartbeat": lambda: ledger.heartbeat(new, lease_ms=LEASE_MS + 2),
+            "new finish": lambda: ledger.finish_attempt(
+                run_id,
+                "new-unit",
+                new_res.attempt,
+                new_res.dispatch_id,
+                status="completed",
+                tokens=222,
+                claim=new,
+            ),
+            "new reserve": lambda: ledger.reserve_attempt(
+                run_id, "new-unit-2", step_id="build", holder="new", claim=new
+            ),
+        }
+
+        def call(name: str) -> threading.Thread:
+            def go() -> None:
+                out[name] = outcome(calls[name])
+
+            t = threading.Thread(target=go, daemon=True)
+            t.start()
+            return t
+
+        with _write_lock_held(target, run_id):
+            threads = [call("lead")]
+            time.sleep(0.3)  # the lead call is in its transaction, waiting for the lock
+            threads += [call(name) for name in calls if name != "lead"]
+            time.sleep(0.3)  # the others queue behind it
+        for t in threads:
+            t.join(JOIN_S)
+        assert not any(t.is_alive() for t in threads), "a call hung"
+        after = _stats(ledger)
+        lease = ledger.lease(run_id)
+
+    assert {k: v[0] for k, v in out.items()} == {
+        "lead": "ok",
+        "stale heartbeat": "LeaseLost",
+        "stale finish": "LeaseLost",
+        "stale reserve": "LeaseLost",
+        "new heartbeat": "ok",
+        "new finish": "ok",
+        "new reserve": "ok",
+    }
+    assert out["new finish"][1] is True
+    # The lead call's group, then one group with the six queued calls.
+    assert after["groups"] - before["groups"] == 2, (before, after)
+    assert after["calls"] - before["calls"] == 7
+    assert after["max_group"] >= 6
+    assert lease.generation == new.generation
+    assert lease.expires_at == out["new heartbeat"][1].expires_at
+    with raw_db(target) as db:
+        rows = dict(db.execute("SELECT unit_id, status FROM attempts").fetchall())
+        tokens = {t for (t,) in db.execute("SELECT tokens FROM attempts").fetchall()}
+    assert rows == {
+        "old-unit": "running",  # the stale finish wrote nothing
+        "new-unit": "completed",
+        "new-unit-2": "running",
+        "lead": "running",
+    }
+    assert 111 not in tokens
+    assert 222 in tokens
+    assert _stale_events(target, old.generation) == stale_events  # the stale calls wrote none
+    _revisions_gap_free(target)
+    check_invariants(target)
+
+
+# ------------------------------------------------------------------ close under load
+
+
+def test_close_while_threads_submit(target: str, clock: FakeClock) -> None:
+    ledger = _open(target, clock)
+    run_id = _run(ledger, "closing")
+    done: dict[int, list[tuple[str, int, str, bool | None]]] = {}
+    refused: list[str] = []
+
+    def body(i: int, barrier: threading.Barrier) -> None:
+        mine: list[tuple[str, int, str, bool | None]] = []
+        done[i] = mine
+        barrier.wait()
+        for k in range(10_000):
             try:
-                out[name] = f()
-            except fp.LedgerError as e:
-                out[name] = e
+                res = ledger.reserve_attempt(run_id, f"c{i}-{k}", step_id="build")
+                mine.append((res.unit_id, res.attempt, res.dispatch_id, None))
+                won = ledger.finish_attempt(
+                    run_id, res.unit_id, res.attempt, res.dispatch_id, status="completed"
+                )
+                mine[-1] = (res.unit_id, res.attempt, res.dispatch_id, won)
+            except fp.StoreError as e:
+                refused.append(str(e))
+                return
 
-        with _held(target, dummy):
-            lead = threading.Thread(
-                target=call,
-                args=("dummy", lambda: ledger.reserve_attempt(dummy, "u", step_id="s")),
-            )
-            lead.start()
-            time.sleep(0.3)  # the dummy call leads and waits for the lock
-            queued = [
-                threading.Thread(
-                    target=call,
-                    args=("stale", lambda: ledger.heartbeat(stale, lease_ms=30_000)),
-                ),
-                threading.Thread(
-                    target=call,
-                    args=(
-                        "stale_reserve",
-                        lambda: ledger.reserve_attempt(run, "x", step_id="s", claim=stale),
-                    ),
-                ),
-                threading.Thread(
-                    target=call,
-                    args=("live", lambda: ledger.heartbeat(live, lease_ms=30_000)),
-                ),
-            ]
-            for t in queued:
-                t.start()
-            time.sleep(0.3)  # all three queue behind the dummy
-        for t in [lead, *queued]:
-            t.join()
-        assert isinstance(out["stale"], fp.LeaseLost)
-        assert isinstance(out["stale_reserve"], fp.LeaseLost)
-        assert isinstance(out["live"], fp.Claim)
-        assert out["live"].generation == live.generation
-        assert ledger.unit(run, "x") is None, "nothing of the stale call is written"
-        assert len(ledger.events(run)) == events_before
-        assert ledger._core.group_stats()["max_group"] >= 3, (ledger._core.group_stats(), out)
-        assert ledger.lease(run).expires_at == out["live"].expires_at
+    closer = threading.Thread(target=lambda: (time.sleep(0.3), ledger.close()), daemon=True)
+    closer.start()
+    _threads(THREADS, body)
+    closer.join(JOIN_S)
+    assert not closer.is_alive(), "close() hung"
+    assert len(refused) == THREADS  # every thread ended on the closed ledger's StoreError
+    assert sum(len(m) for m in done.values()) > 0
 
-
-def test_close_fails_nothing_that_ran_and_refuses_what_comes_after(target: str) -> None:
-    ledger = fp.Ledger.open(target)
-    run = _start(ledger, "closing")
-    r = ledger.reserve_attempt(run, "u", step_id="s")
-    ledger.close()
-    with pytest.raises(fp.StoreError, match="closed"):
-        ledger.finish_attempt(run, "u", r.attempt, r.dispatch_id, status="completed")
+    with raw_db(target) as db:
+        rows = {
+            d: status
+            for d, status in db.execute("SELECT dispatch_id, status FROM attempts").fetchall()
+        }
+    returned = {d for mine in done.values() for _, _, d, _ in mine}
+    assert set(rows) == returned  # nothing committed that its caller was not told of
+    for mine in done.values():
+        for _unit, _attempt, dispatch_id, won in mine:
+            assert dispatch_id in rows  # a reservation that returned was committed
+            if won:
+                assert rows[dispatch_id] == "completed"
+    check_invariants(target)

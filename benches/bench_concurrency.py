@@ -1,0 +1,304 @@
+"""The concurrency curve: reserve + finish per unit from 1, 4, 16 and 64 threads sharing one
+Ledger, with group commit on and off, on SQLite (normal and full) and PostgreSQL (normal); and
+in the same run the peers at the same work, pgqueuer workers (enqueue + dequeue + complete per
+job, benches/peer_pg.py's statements) at 1, 4 and 16, and huey consumers (enqueue, dequeue and
+execute per task, benches/peer_huey.py) at 16, at synchronous NORMAL and at huey's default FULL.
+
+Each size is one round of a fixed number of units split evenly over the callers (a throughput
+figure, not a latency distribution): ``extra_info`` holds ``callers`` and ``units_per_s``, and
+for fencepost the writer's counts (``groups``, ``calls``, ``max_group``), the machine's CPU
+busy share and this process's share of it (the rest is PostgreSQL's backends and the kernel).
+benches/ratios.py prints the curve. The rates are measured here, around the threads, so they
+are recorded with ``--benchmark-disable`` too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pathlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import fencepost as fp
+from benches.conftest import plaintext
+from benches.peer_pg import ENTRYPOINT, HEARTBEAT_TIMEOUT, PAYLOAD, PgQueuePeer, pg_url
+
+CALLERS = [1, 4, 16, 64]
+PEER_WORKERS = [1, 4, 16]
+# Units per round, a multiple of 64: about a second at today's one-transaction-per-call rates.
+UNITS = {"sqlite normal": 8192, "sqlite full": 640, "postgres normal": 1920}
+PEER_JOBS = 1920
+HUEY_TASKS = 640
+STEPS = [{"id": "s"}]
+GROUP = "concurrency {store}: reserve + finish per unit, N callers"
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of the whole machine so far, from /proc/stat."""
+    with open("/proc/stat") as stat:
+        fields = [int(f) for f in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _threads(n: int, work: Callable[[int], None]) -> dict[str, float]:
+    """Run ``work(i)`` on ``n`` threads started together; the wall time from the start to the
+    last thread's end, the machine's CPU busy share over it and this process's share of that."""
+    barrier = threading.Barrier(n + 1)
+    failed: list[BaseException] = []
+
+    def main(i: int) -> None:
+        barrier.wait()
+        try:
+            work(i)
+        except BaseException as e:  # re-raised below, in the bench's thread
+            failed.append(e)
+
+    threads = [threading.Thread(target=main, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    busy0, total0 = _cpu_ticks()
+    cpu0 = time.process_time()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join(300)
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    busy1, total1 = _cpu_ticks()
+    assert not any(t.is_alive() for t in threads), "a worker hung"
+    if failed:
+        raise failed[0]
+    busy_s = (busy1 - busy0) / os.sysconf("SC_CLK_TCK")
+    return {
+        "wall": wall,
+        "cpu_busy": round((busy1 - busy0) / max(1, total1 - total0), 3),
+        "client_cpu_share": round(min(1.0, cpu / busy_s), 3) if busy_s else 0.0,
+    }
+
+
+def _record(
+    benchmark: Any, store: str, impl: str, callers: int, units: int, out: dict[str, Any]
+) -> None:
+    benchmark.group = GROUP.format(store=store)
+    rate = units / out.pop("wall")
+    benchmark.extra_info.update(
+        impl=impl, store=store, callers=callers, units_per_s=round(rate), ops=units, **out
+    )
+
+
+# ------------------------------------------------------------------ fencepost
+
+
+@contextlib.contextmanager
+def _ledger(store: str, grouped: bool, tmp_path: pathlib.Path) -> Iterator[fp.Ledger]:
+    if store.startswith("postgres"):
+        from tests.conftest import pg_schema
+
+        with pg_schema() as url, fp.Ledger.open(plaintext(url), group_commit=grouped) as ledger:
+            yield ledger
+        return
+    durability = "full" if store.endswith("full") else "normal"
+    path = str(tmp_path / "bench.db")
+    with fp.Ledger.open(path, durability=durability, group_commit=grouped) as ledger:  # type: ignore[arg-type]
+        yield ledger
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "ungrouped"])
+@pytest.mark.parametrize("callers", CALLERS)
+@pytest.mark.parametrize("store", list(UNITS))
+def bench_fencepost_threads(
+    benchmark: Any, store: str, callers: int, grouped: bool, tmp_path: pathlib.Path
+) -> None:
+    """``callers`` threads on one Ledger, each reserving and finishing its own units one at a
+    time, as a dispatcher's workers do."""
+    units = UNITS[store]
+    per = units // callers
+    with _ledger(store, grouped, tmp_path) as ledger:
+        run_id = ledger.start_run(
+            "bench", scope_key=None, steps=STEPS, run_id=f"run-{uuid.uuid4().hex[:8]}", force=True
+        ).run_id
+
+        def work(i: int) -> None:
+            for k in range(per):
+                res = ledger.reserve_attempt(run_id, f"w{i}-{k}", step_id="s")
+                won = ledger.finish_attempt(
+                    run_id, res.unit_id, res.attempt, res.dispatch_id, status="completed"
+                )
+                assert won
+
+        out: dict[str, Any] = {}
+        benchmark.pedantic(lambda: out.update(_threads(callers, work)), rounds=1, iterations=1)
+        out.update(ledger._core.group_stats())
+        acc = ledger.accounting(run_id)
+    assert acc.total_attempts == per * callers
+    # Two covered calls per unit went through the writer.
+    assert out["calls"] == 2 * per * callers
+    if not grouped:
+        assert out["max_group"] == 1
+    impl = "fencepost grouped" if grouped else "fencepost ungrouped"
+    _record(benchmark, store, impl, callers, per * callers, out)
+
+
+# ------------------------------------------------------------------ pgqueuer workers
+
+
+class _PgWorkers:
+    """N pgqueuer workers on one queue: each its own asyncpg connection driving pgqueuer's
+    ``Queries`` (as ``QueueManager`` does), all on one event loop, as the coroutines of one
+    worker process. The schema is installed (and dropped) by a ``PgQueuePeer``."""
+
+    def __init__(self, url: str, schema: str, workers: int, *, synchronous_commit: bool) -> None:
+        import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no stubs
+        from pgqueuer.adapters.drivers.asyncpg import AsyncpgDriver
+        from pgqueuer.adapters.persistence.qb import (
+            QueryBuilderEnvironment,
+            QueryQueueBuilder,
+            QuerySchedulerBuilder,
+        )
+        from pgqueuer.adapters.persistence.queries import Queries
+        from pgqueuer.domain.settings import DBSettings, Durability
+        from pgqueuer.domain.types import Channel, QueueEntrypoint, QueueManagerId
+        from pgqueuer.ports.repository import EntrypointExecutionParameter
+
+        self.peer = PgQueuePeer(url, schema, synchronous_commit=synchronous_commit)
+        self.loop = asyncio.new_event_loop()
+        # The peer's own settings, so the workers share its queue and channel.
+        settings = DBSettings(
+            db_schema=schema, prefix="", channel=Channel(f"ch_{schema}"),
+            durability=Durability.durable,
+        )  # fmt: skip
+
+        async def connect() -> Any:
+            conn = await asyncpg.connect(
+                url,
+                ssl=None if "sslmode=" in url else False,
+                server_settings={
+                    "search_path": schema,
+                    "synchronous_commit": "on" if synchronous_commit else "off",
+                },
+            )
+            return conn, Queries(
+                AsyncpgDriver(conn),
+                qbe=QueryBuilderEnvironment(settings),
+                qbq=QueryQueueBuilder(settings),
+                qbs=QuerySchedulerBuilder(settings),
+            )
+
+        self.workers = [self.loop.run_until_complete(connect()) for _ in range(workers)]
+        self.entrypoints = {
+            QueueEntrypoint(ENTRYPOINT): EntrypointExecutionParameter(concurrency_limit=0)
+        }
+        self.manager_ids = [QueueManagerId(uuid.uuid4()) for _ in range(workers)]
+
+    async def _work(self, w: int, jobs: int) -> None:
+        _, queries = self.workers[w]
+        for _ in range(jobs):
+            await queries.enqueue(ENTRYPOINT, PAYLOAD)
+            picked: list[Any] = []
+            # Another worker may have taken this worker's job; there is then another for it.
+            for _spin in range(1000):
+                picked = await queries.dequeue(
+                    batch_size=1,
+                    entrypoints=self.entrypoints,
+                    queue_manager_id=self.manager_ids[w],
+                    global_concurrency_limit=None,
+                    heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                )
+                if picked:
+                    break
+            assert len(picked) == 1
+            await queries.log_jobs([(picked[0], "successful", None)])
+
+    def run(self, jobs: int) -> None:
+        """``jobs`` jobs split over the workers, each one at a time: enqueue, dequeue, complete."""
+        per = jobs // len(self.workers)
+
+        async def all_workers() -> None:
+            await asyncio.gather(*(self._work(w, per) for w in range(len(self.workers))))
+
+        self.loop.run_until_complete(all_workers())
+
+    def close(self) -> None:
+        for conn, _ in self.workers:
+            self.loop.run_until_complete(conn.close())
+        self.loop.close()
+        self.peer.close()
+
+
+@pytest.mark.parametrize("workers", PEER_WORKERS)
+def bench_pgqueuer_workers(benchmark: Any, workers: int) -> None:
+    schema = f"fpb_peer_{uuid.uuid4().hex[:12]}"
+    peer = _PgWorkers(pg_url(), schema, workers, synchronous_commit=False)
+    try:
+        jobs = PEER_JOBS // workers * workers
+        out: dict[str, Any] = {}
+
+        def go() -> None:
+            busy0, total0 = _cpu_ticks()
+            cpu0 = time.process_time()
+            t0 = time.perf_counter()
+            peer.run(jobs)
+            wall = time.perf_counter() - t0
+            cpu = time.process_time() - cpu0
+            busy1, total1 = _cpu_ticks()
+            busy_s = (busy1 - busy0) / os.sysconf("SC_CLK_TCK")
+            out.update(
+                wall=wall,
+                cpu_busy=round((busy1 - busy0) / max(1, total1 - total0), 3),
+                client_cpu_share=round(min(1.0, cpu / busy_s), 3) if busy_s else 0.0,
+            )
+
+        benchmark.pedantic(go, rounds=1, iterations=1)
+        assert peer.peer.completed() == jobs
+    finally:
+        peer.close()
+    _record(benchmark, "postgres normal", "pgqueuer", workers, jobs, out)
+
+
+# ------------------------------------------------------------------ huey consumers
+
+
+@pytest.mark.parametrize("sync", ["normal", "full"])
+def bench_huey_consumers(benchmark: Any, sync: str, tmp_path: pathlib.Path) -> None:
+    """16 threads on one huey, each enqueueing a task, then taking the next one and running
+    it. ``full`` is SqliteHuey's default (synchronous FULL), ``normal`` the peer's setting."""
+    from huey import SqliteHuey
+
+    from benches.peer_huey import open_huey
+
+    callers = 16
+    path = str(tmp_path / "huey.db")
+    if sync == "full":
+        huey = SqliteHuey("bench", filename=path)
+
+        @huey.task()  # type: ignore[untyped-decorator]
+        def task(i: int) -> int:
+            return i
+
+    else:
+        huey, task = open_huey(path)
+    per = HUEY_TASKS // callers
+
+    def work(i: int) -> None:
+        for k in range(per):
+            task(k)
+            for _spin in range(10_000):
+                got = huey.dequeue()
+                if got is not None:
+                    huey.execute(got)
+                    break
+            else:
+                raise AssertionError("no task to take")
+
+    out: dict[str, Any] = {}
+    benchmark.pedantic(lambda: out.update(_threads(callers, work)), rounds=1, iterations=1)
+    assert huey.pending_count() == 0
+    _record(benchmark, f"sqlite {sync}", "huey", callers, per * callers, out)

@@ -1,0 +1,185 @@
+"""Group commit: reserves, finishes and heartbeats from threads sharing one ``Ledger`` join one
+transaction while one is in flight, and each call keeps the outcome it would have alone."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import fencepost as fp
+from tests.conftest import raw_db
+from tests.processes import check_invariants
+
+THREADS = 16
+UNITS = 20
+
+
+def _start(ledger: fp.Ledger, run_id: str) -> str:
+    return ledger.start_run(
+        "wf", scope_key=None, steps=[{"id": "s"}], run_id=run_id, force=True
+    ).run_id
+
+
+def test_threads_share_transactions_and_keep_their_outcomes(target: str) -> None:
+    with fp.Ledger.open(target) as ledger:
+        run = _start(ledger, "shared")
+        barrier = threading.Barrier(THREADS)
+        wins: list[tuple[str, int]] = []
+        errors: list[BaseException] = []
+
+        def work(t: int) -> None:
+            try:
+                barrier.wait()
+                for i in range(UNITS):
+                    unit = f"t{t}-u{i}"
+                    r = ledger.reserve_attempt(run, unit, step_id="s")
+                    first = ledger.finish_attempt(
+                        run, unit, r.attempt, r.dispatch_id, status="completed"
+                    )
+                    again = ledger.finish_attempt(
+                        run, unit, r.attempt, r.dispatch_id, status="failed"
+                    )
+                    assert (first, again) == (True, False)
+                    wins.append((unit, r.attempt))
+            except BaseException as e:  # reported by the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        stats = ledger._core.group_stats()
+        assert stats["calls"] >= THREADS * UNITS * 3
+        assert stats["groups"] <= stats["calls"]
+        for unit, attempt in wins:
+            got = ledger.attempts(run, unit)
+            assert [(a.attempt, a.status) for a in got] == [(attempt, "completed")]
+    assert check_invariants(target) == THREADS * UNITS
+
+
+def test_group_commit_off_runs_every_call_alone(target: str) -> None:
+    with fp.Ledger.open(target, group_commit=False) as ledger:
+        run = _start(ledger, "alone")
+
+        def work(t: int) -> None:
+            for i in range(5):
+                ledger.reserve_attempt(run, f"t{t}-{i}", step_id="s")
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = ledger._core.group_stats()
+        assert stats["max_group"] == 1
+        assert stats["calls"] == stats["groups"] == 20
+
+
+_HOLD_SQLITE = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+db.execute("ROLLBACK")
+"""
+
+
+@contextlib.contextmanager
+def _held(target: str, run_id: str) -> Iterator[None]:
+    """Hold the write lock the dummy call needs while the body runs: SQLite's one write lock
+    (from another process: POSIX locks never conflict within one), or the run's row."""
+    if target.startswith("postgresql://"):
+        with raw_db(target) as db:
+            db.execute("BEGIN")
+            db.execute("SELECT 1 FROM runs WHERE run_id = ? FOR UPDATE", (run_id,))
+            yield
+            db.execute("ROLLBACK")
+        return
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLD_SQLITE, target],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stdout.readline().strip() == "locked"
+        yield
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.wait(10)
+
+
+def test_a_stale_owner_and_the_new_owner_in_one_group(target: str) -> None:
+    with fp.Ledger.open(target, busy_timeout_ms=10_000) as ledger:
+        run = _start(ledger, "fenced")
+        dummy = _start(ledger, "dummy")
+        stale = ledger.claim(run, "host-a", lease_ms=60_000)
+        live = ledger.claim(run, "host-a", lease_ms=60_000)
+        assert stale is not None
+        assert live is not None
+        events_before = len(ledger.events(run))
+        out: dict[str, Any] = {}
+
+        def call(name: str, f: Any) -> None:
+            try:
+                out[name] = f()
+            except fp.LedgerError as e:
+                out[name] = e
+
+        with _held(target, dummy):
+            lead = threading.Thread(
+                target=call,
+                args=("dummy", lambda: ledger.reserve_attempt(dummy, "u", step_id="s")),
+            )
+            lead.start()
+            time.sleep(0.3)  # the dummy call leads and waits for the lock
+            queued = [
+                threading.Thread(
+                    target=call,
+                    args=("stale", lambda: ledger.heartbeat(stale, lease_ms=30_000)),
+                ),
+                threading.Thread(
+                    target=call,
+                    args=(
+                        "stale_reserve",
+                        lambda: ledger.reserve_attempt(run, "x", step_id="s", claim=stale),
+                    ),
+                ),
+                threading.Thread(
+                    target=call,
+                    args=("live", lambda: ledger.heartbeat(live, lease_ms=30_000)),
+                ),
+            ]
+            for t in queued:
+                t.start()
+            time.sleep(0.3)  # all three queue behind the dummy
+        for t in [lead, *queued]:
+            t.join()
+        assert isinstance(out["stale"], fp.LeaseLost)
+        assert isinstance(out["stale_reserve"], fp.LeaseLost)
+        assert isinstance(out["live"], fp.Claim)
+        assert out["live"].generation == live.generation
+        assert ledger.unit(run, "x") is None, "nothing of the stale call is written"
+        assert len(ledger.events(run)) == events_before
+        assert ledger._core.group_stats()["max_group"] >= 3, (ledger._core.group_stats(), out)
+        assert ledger.lease(run).expires_at == out["live"].expires_at
+
+
+def test_close_fails_nothing_that_ran_and_refuses_what_comes_after(target: str) -> None:
+    ledger = fp.Ledger.open(target)
+    run = _start(ledger, "closing")
+    r = ledger.reserve_attempt(run, "u", step_id="s")
+    ledger.close()
+    with pytest.raises(fp.StoreError, match="closed"):
+        ledger.finish_attempt(run, "u", r.attempt, r.dispatch_id, status="completed")

@@ -12,21 +12,19 @@ flight; ``_core.group_stats()`` says whether they coalesced (its counts are sinc
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import pathlib
 import random
-import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import fencepost as fp
-from tests.conftest import STEPS, FakeClock, fresh_target, pg_connect, raw_db
+from tests.conftest import STEPS, FakeClock, fresh_target, raw_db
 from tests.processes import check_invariants, outcome
 
 THREADS = 16
@@ -442,139 +440,6 @@ def test_ungrouped_runs_one_call_per_transaction(target: str, clock: FakeClock) 
 
 
 # ------------------------------------------------------------------ fencing under coalescing
-
-
-@contextlib.contextmanager
-def _write_lock_held(target: str, run_id: str) -> Iterator[None]:
-    """Hold what the ledger's writes on ``run_id`` wait for, from another connection: SQLite's
-    one write lock, or the run's row lock on PostgreSQL (the lock every write to a run takes
-    before it reads the fence)."""
-    if target.startswith("postgresql://"):
-        conn = pg_connect(target)
-        try:
-            conn.execute("BEGIN")
-            conn.execute("SELECT 1 FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
-            yield
-        finally:
-            with contextlib.suppress(Exception):
-                conn.execute("ROLLBACK")
-            conn.close()
-        return
-    db = sqlite3.connect(target, isolation_level=None)
-    try:
-        db.execute("BEGIN IMMEDIATE")
-        yield
-    finally:
-        db.execute("ROLLBACK")
-        db.close()
-
-
-def _stale_events(target: str, generation: int) -> int:
-    with raw_db(target) as db:
-        return int(
-            db.execute(
-                "SELECT count(*) FROM events WHERE generation = ?", (generation,)
-            ).fetchone()[0]
-        )
-
-
-def test_stale_and_new_owner_in_one_group(target: str, clock: FakeClock) -> None:
-    with _open(target, clock) as ledger:
-        run_id = _run(ledger, "fenced")
-        old = ledger.claim(run_id, "host-a", lease_ms=10_000)
-        assert old is not None
-        old_res = ledger.reserve_attempt(run_id, "old-unit", step_id="build", claim=old)
-        clock.advance(20_000)  # the old owner's lease expires; host-b takes the run over
-        new = ledger.claim(run_id, "host-b", lease_ms=LEASE_MS)
-        assert new is not None
-        assert new.generation == old.generation + 1
-        new_res = ledger.reserve_attempt(run_id, "new-unit", step_id="build", claim=new)
-        before = _stats(ledger)
-        stale_events = _stale_events(target, old.generation)
-
-        out: dict[str, tuple[str, Any]] = {}
-        calls: dict[str, Callable[[], Any]] = {
-            "lead": lambda: ledger.reserve_attempt(run_id, "lead", step_id="build"),
-            "stale heartbeat": lambda: ledger.heartbeat(old, lease_ms=LEASE_MS + 1),
-            "stale finish": lambda: ledger.finish_attempt(
-                run_id,
-                "old-unit",
-                old_res.attempt,
-                old_res.dispatch_id,
-                status="completed",
-                tokens=111,
-                claim=old,
-            ),
-            "stale reserve": lambda: ledger.reserve_attempt(
-                run_id, "stale-unit", step_id="build", holder="stale", claim=old
-            ),
-            "new heartbeat": lambda: ledger.heartbeat(new, lease_ms=LEASE_MS + 2),
-            "new finish": lambda: ledger.finish_attempt(
-                run_id,
-                "new-unit",
-                new_res.attempt,
-                new_res.dispatch_id,
-                status="completed",
-                tokens=222,
-                claim=new,
-            ),
-            "new reserve": lambda: ledger.reserve_attempt(
-                run_id, "new-unit-2", step_id="build", holder="new", claim=new
-            ),
-        }
-
-        def call(name: str) -> threading.Thread:
-            def go() -> None:
-                out[name] = outcome(calls[name])
-
-            t = threading.Thread(target=go, daemon=True)
-            t.start()
-            return t
-
-        with _write_lock_held(target, run_id):
-            threads = [call("lead")]
-            time.sleep(0.3)  # the lead call is in its transaction, waiting for the lock
-            threads += [call(name) for name in calls if name != "lead"]
-            time.sleep(0.3)  # the others queue behind it
-        for t in threads:
-            t.join(JOIN_S)
-        assert not any(t.is_alive() for t in threads), "a call hung"
-        after = _stats(ledger)
-        lease = ledger.lease(run_id)
-
-    assert {k: v[0] for k, v in out.items()} == {
-        "lead": "ok",
-        "stale heartbeat": "LeaseLost",
-        "stale finish": "LeaseLost",
-        "stale reserve": "LeaseLost",
-        "new heartbeat": "ok",
-        "new finish": "ok",
-        "new reserve": "ok",
-    }
-    assert out["new finish"][1] is True
-    # The lead call's group, then one group with the six queued calls.
-    assert after["groups"] - before["groups"] == 2, (before, after)
-    assert after["calls"] - before["calls"] == 7
-    assert after["max_group"] >= 6
-    assert lease.generation == new.generation
-    assert lease.expires_at == out["new heartbeat"][1].expires_at
-    with raw_db(target) as db:
-        rows = dict(db.execute("SELECT unit_id, status FROM attempts").fetchall())
-        tokens = {t for (t,) in db.execute("SELECT tokens FROM attempts").fetchall()}
-    assert rows == {
-        "old-unit": "running",  # the stale finish wrote nothing
-        "new-unit": "completed",
-        "new-unit-2": "running",
-        "lead": "running",
-    }
-    assert 111 not in tokens
-    assert 222 in tokens
-    assert _stale_events(target, old.generation) == stale_events  # the stale calls wrote none
-    _revisions_gap_free(target)
-    check_invariants(target)
-
-
-# ------------------------------------------------------------------ close under load
 
 
 def test_close_while_threads_submit(target: str, clock: FakeClock) -> None:

@@ -423,20 +423,9 @@ def test_grouped_matches_ungrouped(kind: str, tmp_path: pathlib.Path) -> None:
 
 
 def test_ungrouped_runs_one_call_per_transaction(target: str, clock: FakeClock) -> None:
-    results: dict[int, list[Any]] = {}
-    with _open(target, clock, group_commit=False) as ledger:
-        _run(ledger, "det")
-        _run(ledger, "det-blocked")
-        ledger.block_run("det-blocked", notes="held")
-        stale = ledger.claim("det", "host-a", lease_ms=LEASE_MS)
-        claim = ledger.claim("det", "host-a", lease_ms=LEASE_MS)
-        assert stale is not None
-        assert claim is not None
-        _threads(THREADS, _deterministic(ledger, claim, stale, results))
-        stats = _stats(ledger)
+    _, _, stats = _deterministic_run(target, clock, group_commit=False)
     assert stats["max_group"] == 1
     assert stats["groups"] == stats["calls"] >= THREADS * 40
-    check_invariants(target)
 
 
 # ------------------------------------------------------------------ fencing under coalescing

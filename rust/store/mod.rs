@@ -392,6 +392,18 @@ pub enum Savepoint {
     Undo,
 }
 
+impl Savepoint {
+    /// The statements of this step, the same text in both dialects. One fixed name: calls in
+    /// a group never nest, and a fixed text stays in each backend's statement cache.
+    pub const fn statements(self) -> &'static [&'static str] {
+        match self {
+            Self::Begin => &["SAVEPOINT fp_call"],
+            Self::Release => &["RELEASE SAVEPOINT fp_call"],
+            Self::Undo => &["ROLLBACK TO SAVEPOINT fp_call", "RELEASE SAVEPOINT fp_call"],
+        }
+    }
+}
+
 /// How far a failure reaches (see [`Tx::failure_scope`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureScope {

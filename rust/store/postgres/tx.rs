@@ -314,18 +314,12 @@ impl crate::store::Tx for Tx<'_> {
             Ok(())
         };
         match step {
-            Savepoint::Begin => {
-                self.call_locks.set(self.locked.borrow().len());
-                queue("SAVEPOINT fp_call")
-            }
-            Savepoint::Release => queue("RELEASE SAVEPOINT fp_call"),
-            Savepoint::Undo => {
-                // Locks taken inside the savepoint are gone after `ROLLBACK TO`.
-                self.locked.borrow_mut().truncate(self.call_locks.get());
-                queue("ROLLBACK TO SAVEPOINT fp_call")?;
-                queue("RELEASE SAVEPOINT fp_call")
-            }
+            Savepoint::Begin => self.call_locks.set(self.locked.borrow().len()),
+            // Locks taken inside the savepoint are gone after `ROLLBACK TO`.
+            Savepoint::Undo => self.locked.borrow_mut().truncate(self.call_locks.get()),
+            Savepoint::Release => {}
         }
+        step.statements().iter().try_for_each(|text| queue(text))
     }
 
     fn set_operation(&self, op: &'static str) {

@@ -173,14 +173,7 @@ impl crate::store::Tx for Tx<'_> {
                 crate::store::Tx::fail(self, &e)
             })
         };
-        match step {
-            Savepoint::Begin => run("SAVEPOINT fp_call"),
-            Savepoint::Release => run("RELEASE fp_call"),
-            Savepoint::Undo => {
-                run("ROLLBACK TO fp_call")?;
-                run("RELEASE fp_call")
-            }
-        }
+        step.statements().iter().try_for_each(|text| run(text))
     }
 
     fn set_operation(&self, op: &'static str) {

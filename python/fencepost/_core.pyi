@@ -4,10 +4,14 @@ The facade (``fencepost.Ledger``) is the public API; these are the calls it make
 with many keywords takes them as one dict, typed here by a ``TypedDict`` so mypy checks every
 key and value the facade passes. Records come back as the models of :mod:`fencepost.models`;
 ``get_json`` returns canonical JSON bytes.
+
+The calls the writer groups also take ``future=``: they then return ``None`` at once, and the
+future (of the event loop the call is made on) gets the result or the exception.
 """
 
+from asyncio import Future
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, TypedDict, final
+from typing import Any, Final, TypedDict, final, overload
 
 from fencepost.models import (
     Accounting,
@@ -148,14 +152,52 @@ class Ledger:
     def resume_run(self, run_id: str) -> Run: ...
     def abandon_run(self, run_id: str) -> bool: ...
     def set_outputs(self, run_id: str, outputs: object, claim: Claim | None) -> None: ...
-    def reserve_attempt(self, run_id: str, unit: _Unit, claim: Claim | None) -> Reservation: ...
+    @overload
+    def reserve_attempt(
+        self, run_id: str, unit: _Unit, claim: Claim | None, *, future: None = None
+    ) -> Reservation: ...
+    @overload
+    def reserve_attempt(
+        self, run_id: str, unit: _Unit, claim: Claim | None, *, future: Future[Reservation]
+    ) -> None: ...
+    @overload
     def reserve_attempts(
-        self, run_id: str, units: Sequence[Mapping[str, Any]], claim: Claim | None
+        self,
+        run_id: str,
+        units: Sequence[Mapping[str, Any]],
+        claim: Claim | None,
+        *,
+        future: None = None,
     ) -> list[Reservation]: ...
-    def finish_attempt(self, finish: _Finish, claim: Claim | None) -> bool: ...
+    @overload
+    def reserve_attempts(
+        self,
+        run_id: str,
+        units: Sequence[Mapping[str, Any]],
+        claim: Claim | None,
+        *,
+        future: Future[list[Reservation]],
+    ) -> None: ...
+    @overload
+    def finish_attempt(
+        self, finish: _Finish, claim: Claim | None, *, future: None = None
+    ) -> bool: ...
+    @overload
+    def finish_attempt(
+        self, finish: _Finish, claim: Claim | None, *, future: Future[bool]
+    ) -> None: ...
+    @overload
     def finish_attempts(
-        self, finishes: Sequence[Mapping[str, Any]], claim: Claim | None
+        self, finishes: Sequence[Mapping[str, Any]], claim: Claim | None, *, future: None = None
     ) -> list[bool]: ...
+    @overload
+    def finish_attempts(
+        self,
+        finishes: Sequence[Mapping[str, Any]],
+        claim: Claim | None,
+        *,
+        future: Future[list[bool]],
+    ) -> None: ...
     def attempts(self, run_id: str, unit_id: str) -> list[Attempt]: ...
     def units(self, run_id: str, step_id: str | None) -> list[Unit]: ...
     def unit(self, run_id: str, unit_id: str) -> Unit | None: ...
@@ -167,7 +209,10 @@ class Ledger:
     def claim(
         self, run_id: str, runner_id: str, lease_ms: int, token: str | None
     ) -> Claim | None: ...
-    def heartbeat(self, claim: Claim, lease_ms: int) -> Claim: ...
+    @overload
+    def heartbeat(self, claim: Claim, lease_ms: int, *, future: None = None) -> Claim: ...
+    @overload
+    def heartbeat(self, claim: Claim, lease_ms: int, *, future: Future[Claim]) -> None: ...
     def release(self, claim: Claim) -> None: ...
     def set_status(self, run_id: str, status: str, claim: Claim) -> Run: ...
     def lease(self, run_id: str) -> Lease: ...

@@ -1,19 +1,28 @@
 """``AsyncLedger``: every ``Ledger`` method as a coroutine, for asyncio programs.
 
-Each call runs the blocking method in a worker thread (``asyncio.to_thread``); the Rust core
-releases the GIL for the whole database transaction, so the event loop keeps running while
-SQLite works. Results, models and errors are exactly the synchronous ones.
+Results, models and errors are exactly the synchronous ones, and the event loop keeps running
+while the database works:
+
+- ``reserve_attempt(s)``, ``finish_attempt(s)`` and ``heartbeat`` check their arguments at
+  once (a bad one raises before anything is queued), then queue on the ledger's group-commit
+  writer and await an asyncio future, resolved after the commit. No thread is taken per call:
+  calls in flight together share transactions, and thousands of coroutines cost thousands of
+  futures. At most 1024 such calls per ``AsyncLedger`` are queued at a time; the others wait
+  their turn in the event loop.
+- Every other method runs the blocking method in a worker thread (``asyncio.to_thread``); the
+  Rust core releases the GIL for the whole database transaction.
 
     async with await fencepost.aio.AsyncLedger.open("fencepost.db") as ledger:
         run = await ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], force=True)
 
 Calls on one ``AsyncLedger`` share its connection, as threads sharing a ``Ledger`` do:
-concurrent reserves, finishes and heartbeats join one transaction (group commit), every other
-call runs one transaction at a time.
+concurrent reserves, finishes and heartbeats share transactions (group commit); the other
+writes run one transaction at a time. ``close`` lets the queued calls run (within the busy
+timeout) and fails any still queued with ``StoreError``: no awaiting coroutine is left hanging.
 
 Cancellation (``task.cancel()``, ``asyncio.wait_for`` or ``asyncio.timeout`` running out)
-cancels the *wait*, not the work. A transaction already handed to its thread runs to its end
-and commits or rolls back exactly as it would have; the cancelled caller just does not see the
+cancels the *wait*, not the work. A call already handed to the ledger runs to its end and
+commits or rolls back exactly as it would have; the cancelled caller just does not see the
 outcome. So a cancelled write **may have committed**, and every write has a way back:
 
 - ``claim`` and ``prepare_or_adopt`` take a lease whose token only the call's result carries.
@@ -36,8 +45,9 @@ import contextlib
 import functools
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
+from fencepost import _core
 from fencepost.errors import LedgerError
 from fencepost.ledger import Durability, Ledger
 from fencepost.models import Claim
@@ -46,6 +56,71 @@ __all__ = ["AsyncLedger"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+IN_FLIGHT = 1024
+"""The most writer calls one ``AsyncLedger`` has queued at a time, per event loop."""
+
+
+class _SubmitCore:
+    """The core as a ``Ledger`` facade sees it, except that every call passes ``future=``: the
+    facade's own methods then shape the arguments, and the core queues the call to resolve
+    ``future`` instead of waiting for it."""
+
+    __slots__ = ("_core", "_future")
+
+    def __init__(self, core: _core.Ledger, future: asyncio.Future[Any]) -> None:
+        self._core = core
+        self._future = future
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return functools.partial(getattr(self._core, name), future=self._future)
+
+
+def _resolve_many(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    """Resolve futures with ``(future, failed, result or exception)``: called on their loop, once
+    per group the writer committed. A future whose caller gave up (cancelled) is left alone."""
+    for future, failed, value in items:
+        if future.done():
+            continue
+        if failed:
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+
+
+def _settled(gate: asyncio.Semaphore, future: asyncio.Future[Any]) -> None:
+    """A queued call is answered: let the next one in. Its outcome counts as seen, since a
+    caller that was cancelled meanwhile has been told it may not learn it."""
+    gate.release()
+    if not future.cancelled():
+        future.exception()
+
+
+def _queued(
+    method: Callable[Concatenate[Ledger, P], R],
+) -> Callable[Concatenate[AsyncLedger, P], Coroutine[Any, Any, R]]:
+    """The coroutine form of a ``Ledger`` method the writer groups: queued with a future, no
+    thread. Cancelled, the caller stops waiting; the call still runs (see the module docs)."""
+
+    async def call(self: AsyncLedger, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        loop = asyncio.get_running_loop()
+        gate = self._gate_on(loop)
+        await gate.acquire()
+        future: asyncio.Future[R] = loop.create_future()
+        try:
+            method(
+                Ledger(cast(_core.Ledger, _SubmitCore(self.ledger._core, future))), *args, **kwargs
+            )
+        except BaseException:
+            gate.release()
+            raise
+        future.add_done_callback(functools.partial(_settled, gate))
+        return await asyncio.shield(future)
+
+    call.__name__ = method.__name__
+    call.__qualname__ = f"AsyncLedger.{method.__name__}"
+    call.__doc__ = method.__doc__
+    return call
 
 
 def _in_thread(
@@ -106,10 +181,20 @@ async def _undo_on_cancel(work: Callable[[], R], undo: Callable[[R], None]) -> R
 class AsyncLedger:
     """The asyncio face of a :class:`fencepost.Ledger` (``ledger`` is the synchronous one)."""
 
-    __slots__ = ("ledger",)
+    __slots__ = ("_gate", "_gate_loop", "ledger")
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
+        self._gate: asyncio.Semaphore | None = None
+        self._gate_loop: asyncio.AbstractEventLoop | None = None
+
+    def _gate_on(self, loop: asyncio.AbstractEventLoop) -> asyncio.Semaphore:
+        """The bound on queued writer calls, made on the loop that uses it (a semaphore belongs
+        to one loop; a later ``asyncio.run`` gets its own)."""
+        if self._gate is None or self._gate_loop is not loop:
+            self._gate = asyncio.Semaphore(IN_FLIGHT)
+            self._gate_loop = loop
+        return self._gate
 
     @classmethod
     async def open(
@@ -177,10 +262,10 @@ class AsyncLedger:
     resume_run = _in_thread(Ledger.resume_run)
     abandon_run = _in_thread(Ledger.abandon_run)
     set_outputs = _in_thread(Ledger.set_outputs)
-    reserve_attempt = _in_thread(Ledger.reserve_attempt)
-    reserve_attempts = _in_thread(Ledger.reserve_attempts)
-    finish_attempt = _in_thread(Ledger.finish_attempt)
-    finish_attempts = _in_thread(Ledger.finish_attempts)
+    reserve_attempt = _queued(Ledger.reserve_attempt)
+    reserve_attempts = _queued(Ledger.reserve_attempts)
+    finish_attempt = _queued(Ledger.finish_attempt)
+    finish_attempts = _queued(Ledger.finish_attempts)
     attempts = _in_thread(Ledger.attempts)
     units = _in_thread(Ledger.units)
     unit = _in_thread(Ledger.unit)
@@ -188,7 +273,7 @@ class AsyncLedger:
     reserve_run = _in_thread(Ledger.reserve_run)
     claim = _in_thread(Ledger.claim, lease=lambda claim: claim)
     prepare_or_adopt = _in_thread(Ledger.prepare_or_adopt, lease=lambda prep: prep.claim)
-    heartbeat = _in_thread(Ledger.heartbeat)
+    heartbeat = _queued(Ledger.heartbeat)
     release = _in_thread(Ledger.release)
     set_status = _in_thread(Ledger.set_status)
     lease = _in_thread(Ledger.lease)

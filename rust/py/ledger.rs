@@ -7,6 +7,10 @@
 //! serializing detached keep the write lock (and the GIL) held only as long as needed. A
 //! closed ledger raises `StoreError`.
 //!
+//! The calls the writer groups also take `future=` (an `asyncio.Future`): then the method
+//! checks its arguments, queues the call and returns `None` at once, and the future gets the
+//! result or the exception after the commit (see `aio`).
+//!
 //! Arguments are read by `args`, results built by `records`; a method with many keywords
 //! takes them as one dict, read by one reader per keyword set.
 
@@ -103,7 +107,8 @@ impl PyLedger {
         self.target.clone()
     }
 
-    /// Refuse new calls, let the queued ones finish (or fail them), close the store.
+    /// Refuse new calls, let the queued ones finish (or fail them, futures included), close
+    /// the store.
     fn close(&self, py: Python<'_>) {
         if let Some(writer) = &self.writer {
             py.detach(|| writer.close());
@@ -328,73 +333,83 @@ impl PyLedger {
 
     // ------------------------------------------------------------------ attempts
 
+    #[pyo3(signature = (run_id, unit, claim, *, future=None))]
     fn reserve_attempt<'py>(
         &self,
         py: Python<'py>,
         run_id: &Bound<'py, PyAny>,
         unit: &Bound<'py, PyDict>,
         claim: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+        future: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let run_id = text(run_id, "run_id")?;
         let unit = vec![args::unit_arg(unit)?];
         let fence = fence_arg(claim)?;
-        let mut out = self
-            .submit(py, move |now| Op::reserve(run_id, unit, fence, now))?
-            .reservations()
-            .map_err(|e| to_pyerr(py, e))?;
-        records::reservation(py, out.remove(0))
+        self.call(
+            py,
+            future,
+            move |now| Op::reserve(run_id, unit, fence, now),
+            built::reservation,
+        )
     }
 
+    #[pyo3(signature = (run_id, units, claim, *, future=None))]
     fn reserve_attempts<'py>(
         &self,
         py: Python<'py>,
         run_id: &Bound<'py, PyAny>,
         units: &Bound<'py, PyAny>,
         claim: &Bound<'py, PyAny>,
-    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        future: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let run_id = text(run_id, "run_id")?;
         let units = args::units_arg(units)?;
         let fence = fence_arg(claim)?;
-        let out = self
-            .submit(py, move |now| Op::reserve(run_id, units, fence, now))?
-            .reservations()
-            .map_err(|e| to_pyerr(py, e))?;
-        out.into_iter()
-            .map(|r| records::reservation(py, r))
-            .collect()
+        self.call(
+            py,
+            future,
+            move |now| Op::reserve(run_id, units, fence, now),
+            built::reservations,
+        )
     }
 
-    fn finish_attempt(
+    #[pyo3(signature = (finish, claim, *, future=None))]
+    fn finish_attempt<'py>(
         &self,
-        py: Python<'_>,
-        finish: &Bound<'_, PyDict>,
-        claim: &Bound<'_, PyAny>,
-    ) -> PyResult<bool> {
+        py: Python<'py>,
+        finish: &Bound<'py, PyDict>,
+        claim: &Bound<'py, PyAny>,
+        future: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let finish = FinishArgs::one(finish)?;
         let fence = fence_arg(claim)?;
-        let out = self
-            .submit(py, move |now| {
-                Op::finish(vec![finish.into_spec()], fence, now)
-            })?
-            .finished()
-            .map_err(|e| to_pyerr(py, e))?;
-        Ok(out.first().copied().unwrap_or(false))
+        self.call(
+            py,
+            future,
+            move |now| Op::finish(vec![finish.into_spec()], fence, now),
+            built::finished,
+        )
     }
 
-    fn finish_attempts(
+    #[pyo3(signature = (finishes, claim, *, future=None))]
+    fn finish_attempts<'py>(
         &self,
-        py: Python<'_>,
-        finishes: &Bound<'_, PyAny>,
-        claim: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<bool>> {
+        py: Python<'py>,
+        finishes: &Bound<'py, PyAny>,
+        claim: &Bound<'py, PyAny>,
+        future: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let finishes = FinishArgs::many(finishes)?;
         let fence = fence_arg(claim)?;
-        self.submit(py, move |now| {
-            let specs = finishes.into_iter().map(FinishArgs::into_spec).collect();
-            Op::finish(specs, fence, now)
-        })?
-        .finished()
-        .map_err(|e| to_pyerr(py, e))
+        self.call(
+            py,
+            future,
+            move |now| {
+                let specs = finishes.into_iter().map(FinishArgs::into_spec).collect();
+                Op::finish(specs, fence, now)
+            },
+            built::all_finished,
+        )
     }
 
     fn attempts<'py>(
@@ -496,19 +511,22 @@ impl PyLedger {
         records::opt_claim(py, claim)
     }
 
+    #[pyo3(signature = (claim, lease_ms, *, future=None))]
     fn heartbeat<'py>(
         &self,
         py: Python<'py>,
         claim: &Bound<'py, PyAny>,
         lease_ms: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+        future: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let (fence, token) = claim_arg(claim)?;
         let lease_ms = int(lease_ms, "lease_ms")?;
-        let claim = self
-            .submit(py, move |now| Op::heartbeat(fence, token, lease_ms, now))?
-            .claim()
-            .map_err(|e| to_pyerr(py, e))?;
-        records::claim(py, claim)
+        self.call(
+            py,
+            future,
+            move |now| Op::heartbeat(fence, token, lease_ms, now),
+            built::claim,
+        )
     }
 
     fn release(&self, py: Python<'_>, claim: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -565,5 +583,57 @@ impl PyLedger {
             events::read(s, run_id.as_deref(), after_seq, limit, types.as_deref())
         })?;
         rows.into_iter().map(|e| records::event(py, e)).collect()
+    }
+}
+
+impl Drop for PyLedger {
+    /// A ledger dropped unclosed stops taking calls; the writer's helper, if it was started,
+    /// finishes what is queued and then stops, closing the store. Nothing waits here: the
+    /// dropping thread holds the GIL, which the helper's deliveries need.
+    fn drop(&mut self) {
+        if let Some(writer) = &self.writer {
+            writer.shut();
+        }
+    }
+}
+
+/// The Python results of the calls the writer groups, built from their outputs (after the
+/// wait, or by the delivery of an asynchronous call).
+mod built {
+    use pyo3::prelude::*;
+    use pyo3::types::{PyBool, PyList};
+
+    use crate::py::errors::to_pyerr;
+    use crate::py::records;
+    use crate::writer::Output;
+
+    pub(super) fn reservation(py: Python<'_>, out: Output) -> PyResult<Bound<'_, PyAny>> {
+        let mut out = out.reservations().map_err(|e| to_pyerr(py, e))?;
+        records::reservation(py, out.remove(0))
+    }
+
+    pub(super) fn reservations(py: Python<'_>, out: Output) -> PyResult<Bound<'_, PyAny>> {
+        let out = out.reservations().map_err(|e| to_pyerr(py, e))?;
+        let items = out
+            .into_iter()
+            .map(|r| records::reservation(py, r))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(PyList::new(py, items)?.into_any())
+    }
+
+    pub(super) fn finished(py: Python<'_>, out: Output) -> PyResult<Bound<'_, PyAny>> {
+        let out = out.finished().map_err(|e| to_pyerr(py, e))?;
+        let won = out.first().copied().unwrap_or(false);
+        Ok(PyBool::new(py, won).to_owned().into_any())
+    }
+
+    pub(super) fn all_finished(py: Python<'_>, out: Output) -> PyResult<Bound<'_, PyAny>> {
+        let out = out.finished().map_err(|e| to_pyerr(py, e))?;
+        Ok(PyList::new(py, out)?.into_any())
+    }
+
+    pub(super) fn claim(py: Python<'_>, out: Output) -> PyResult<Bound<'_, PyAny>> {
+        let claim = out.claim().map_err(|e| to_pyerr(py, e))?;
+        records::claim(py, claim)
     }
 }

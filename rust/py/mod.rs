@@ -3,9 +3,11 @@
 //! - `args`: Python arguments -> owned Rust values, each refusal naming its argument.
 //! - `convert`: the Python value -> canonical JSON walk behind every JSON argument.
 //! - `ledger`: the `fencepost._core.Ledger` methods (read, detach, run, re-attach).
+//! - `aio`: the same methods called with `future=`: queued without waiting, resolved later.
 //! - `records`: core records -> the model objects of `fencepost.models`.
 //! - `errors`: `LedgerError` -> the exceptions of `fencepost.errors`.
 
+pub mod aio;
 pub mod args;
 pub mod convert;
 pub mod errors;

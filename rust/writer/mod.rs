@@ -6,16 +6,24 @@
 //! calls queued at the front, up to a count and a weight, runs them as one group (see
 //! `group`), hands the lead to the caller now at the front, and only then answers the group's
 //! callers: every answer comes after its commit. A leader serves one group, so its own caller
-//! returns promptly. The queue is bounded: a caller waits for room. Nothing here takes the
-//! GIL; callers submit detached, so a thread that holds the GIL never waits on these locks.
+//! returns promptly. The queue is bounded: a caller waits for room.
+//!
+//! An asynchronous call (`submit_async`) queues with an [`AsyncReply`] instead of a waiting
+//! thread and returns at once; its caller never leads. When such a call is at the front and
+//! no one leads, the writer's helper thread (started with the first asynchronous call) leads
+//! in its place. The replies of one group are delivered together, after the commit, with no
+//! lock of the writer held: a reply may need a lock of its own (the GIL), and a thread that
+//! holds that lock may be queueing a call at that moment.
 
 mod group;
 pub mod op;
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::errors::{LedgerError, Result};
@@ -31,7 +39,8 @@ pub struct Config {
     /// The most units (reservations, finishes) in one group, which bounds how long a group
     /// holds its locks; a single heavier call still runs, alone.
     pub max_weight: usize,
-    /// The most calls queued; a caller beyond waits for room.
+    /// The most calls queued; a caller beyond waits for room. Also the most asynchronous
+    /// calls queued, beyond which one is refused (an asynchronous caller cannot wait).
     pub capacity: usize,
     /// How long `close` waits for the queued calls to run before failing them.
     pub drain_ms: u64,
@@ -80,17 +89,44 @@ impl Waiter {
     }
 }
 
+/// The answer to an asynchronous call, handed to the layer that queued it, which may need a
+/// lock of its own (such as the GIL) to pass it on. The writer holds none of its locks while
+/// it delivers, and delivers only after the call's commit.
+pub trait AsyncReply: Any + Send {
+    /// Answer the asynchronous calls of one group: this one with `out`, then `rest` in the
+    /// group's order. Called once per group, so a lock the answers need is taken once.
+    fn deliver(self: Box<Self>, out: Result<Output>, rest: Vec<Delivery>);
+}
+
+/// An asynchronous call's reply and its outcome.
+pub type Delivery = (Box<dyn AsyncReply>, Result<Output>);
+
+/// How a queued call's caller is answered.
+enum Reply {
+    /// A thread waits (and may be asked to lead).
+    Wait(Arc<Waiter>),
+    /// Delivered with the rest of its group's asynchronous answers.
+    Deliver(Box<dyn AsyncReply>),
+}
+
 struct Entry {
     op: Op,
-    waiter: Arc<Waiter>,
+    reply: Reply,
 }
 
 #[derive(Default)]
 struct Queue {
     pending: VecDeque<Entry>,
-    /// A caller is leading (invariant: not leading => nothing pending).
+    /// A caller or the helper is leading (invariant: not leading => nothing pending).
     leading: bool,
     closed: bool,
+    /// The asynchronous calls in `pending`.
+    async_len: usize,
+    /// The front call is asynchronous and no one leads: the helper leads next.
+    helper_wanted: bool,
+    /// The helper thread, started by the first asynchronous call; taken by `close`, which
+    /// joins it (a closed writer takes no asynchronous call, so it is not started again).
+    helper: Option<JoinHandle<()>>,
 }
 
 /// A ledger's store and the queue of calls that write to it.
@@ -100,6 +136,8 @@ pub struct Writer {
     not_full: Condvar,
     /// Signalled when the last leader stops.
     idle: Condvar,
+    /// Signalled when the helper should lead, or may stop.
+    helper: Condvar,
     store: Mutex<Option<Box<dyn Store>>>,
     cfg: Config,
     stats: Stats,
@@ -107,6 +145,24 @@ pub struct Writer {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The error of a call that `close` found still queued.
+fn closed_before(op: &Op) -> LedgerError {
+    LedgerError::StoreError {
+        operation: op.label().into(),
+        message: "the ledger was closed before this call ran; nothing of it was written".into(),
+    }
+}
+
+/// Answer a group's asynchronous calls together; a panic in the layer above must not take
+/// the leader (perhaps the helper) with it.
+fn deliver(mut batch: Vec<Delivery>) {
+    if batch.is_empty() {
+        return;
+    }
+    let (first, out) = batch.remove(0);
+    let _ = catch_unwind(AssertUnwindSafe(|| first.deliver(out, batch)));
 }
 
 /// The error of a call on a closed ledger.
@@ -124,6 +180,7 @@ impl Writer {
             queue: Mutex::new(Queue::default()),
             not_full: Condvar::new(),
             idle: Condvar::new(),
+            helper: Condvar::new(),
             store: Mutex::new(Some(store)),
             cfg,
             stats: Stats::default(),
@@ -163,7 +220,7 @@ impl Writer {
             }
             q.pending.push_back(Entry {
                 op,
-                waiter: Arc::clone(&waiter),
+                reply: Reply::Wait(Arc::clone(&waiter)),
             });
             if !q.leading {
                 q.leading = true;
@@ -186,6 +243,63 @@ impl Writer {
                         .wait(state)
                         .unwrap_or_else(PoisonError::into_inner);
                 }
+            }
+        }
+    }
+
+    /// Queue `op` without waiting: `reply` gets its outcome after its group's commit. Refuses
+    /// (`StoreBusy`) rather than wait when the queue holds `capacity` asynchronous calls; the
+    /// caller is expected to bound its own calls well below that. Never leads, so it may be
+    /// called by a thread holding a lock a delivery needs.
+    pub fn submit_async(self: &Arc<Self>, op: Op, reply: Box<dyn AsyncReply>) -> Result<()> {
+        let mut q = lock(&self.queue);
+        if q.closed {
+            return Err(closed());
+        }
+        if q.async_len >= self.cfg.capacity {
+            return Err(LedgerError::StoreBusy {
+                waited_ms: 0,
+                retries: 0,
+            });
+        }
+        if q.helper.is_none() {
+            let writer = Arc::clone(self);
+            let thread = std::thread::Builder::new()
+                .name("fencepost-writer".into())
+                .spawn(move || writer.help())
+                .map_err(|e| LedgerError::StoreError {
+                    operation: op.label().into(),
+                    message: format!("could not start the writer's thread: {e}"),
+                })?;
+            q.helper = Some(thread);
+        }
+        q.pending.push_back(Entry {
+            op,
+            reply: Reply::Deliver(reply),
+        });
+        q.async_len += 1;
+        if !q.leading {
+            q.leading = true;
+            q.helper_wanted = true;
+            self.helper.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The helper thread: leads whenever an asynchronous call is at the front and no caller
+    /// leads; stops once the writer is closed and nothing is left to lead.
+    fn help(&self) {
+        let mut q = lock(&self.queue);
+        loop {
+            if q.helper_wanted {
+                q.helper_wanted = false;
+                drop(q);
+                self.lead();
+                q = lock(&self.queue);
+            } else if q.closed && !q.leading {
+                return;
+            } else {
+                q = self.helper.wait(q).unwrap_or_else(PoisonError::into_inner);
             }
         }
     }
@@ -231,9 +345,14 @@ impl Writer {
         self.stats.groups.fetch_add(1, Ordering::Relaxed);
         self.stats.calls.fetch_add(n, Ordering::Relaxed);
         self.stats.max_group.fetch_max(n, Ordering::Relaxed);
+        let mut batch = Vec::new();
         for (entry, out) in group.into_iter().zip(outs) {
-            entry.waiter.set(State::Done(out));
+            match entry.reply {
+                Reply::Wait(waiter) => waiter.set(State::Done(out)),
+                Reply::Deliver(reply) => batch.push((reply, out)),
+            }
         }
+        deliver(batch);
     }
 
     /// The calls at the front: at least one, up to the count and weight caps.
@@ -249,28 +368,53 @@ impl Writer {
                 break;
             }
             weight += w;
-            group.extend(q.pending.pop_front());
+            if let Some(entry) = q.pending.pop_front() {
+                if matches!(entry.reply, Reply::Deliver(_)) {
+                    q.async_len -= 1;
+                }
+                group.push(entry);
+            }
         }
         group
     }
 
-    /// Pass the lead to the caller at the front, or stop leading.
+    /// Pass the lead to the caller at the front (the helper for an asynchronous call), or
+    /// stop leading.
     fn hand_off(&self) {
         let mut q = lock(&self.queue);
-        if let Some(front) = q.pending.front() {
-            front.waiter.set(State::Lead);
-        } else {
-            q.leading = false;
-            self.idle.notify_all();
+        match q.pending.front().map(|e| &e.reply) {
+            Some(Reply::Wait(waiter)) => waiter.set(State::Lead),
+            Some(Reply::Deliver(_)) => {
+                q.helper_wanted = true;
+                self.helper.notify_one();
+            }
+            None => {
+                q.leading = false;
+                self.idle.notify_all();
+                if q.closed {
+                    self.helper.notify_one();
+                }
+            }
         }
     }
 
-    /// Refuse new calls, let the queued ones run (within the drain bound), fail the rest, and
-    /// close the store.
+    /// Refuse new calls without waiting for anything: what is queued still runs, led by its
+    /// callers or the helper, which then stops. For a ledger dropped unclosed, whose thread
+    /// may hold the lock a delivery needs.
+    pub fn shut(&self) {
+        let mut q = lock(&self.queue);
+        q.closed = true;
+        self.not_full.notify_all();
+        self.helper.notify_one();
+    }
+
+    /// Refuse new calls, let the queued ones run (within the drain bound), fail the rest
+    /// (asynchronous ones included), close the store and stop the helper.
     pub fn close(&self) {
         let mut q = lock(&self.queue);
         q.closed = true;
         self.not_full.notify_all();
+        self.helper.notify_one();
         let deadline = Instant::now() + Duration::from_millis(self.cfg.drain_ms);
         while q.leading {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -283,15 +427,26 @@ impl Writer {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        for entry in q.pending.drain(..) {
-            entry.waiter.set(State::Done(Err(LedgerError::StoreError {
-                operation: entry.op.label().into(),
-                message: "the ledger was closed before this call ran; nothing of it was written"
-                    .into(),
-            })));
-        }
+        let left: Vec<Entry> = q.pending.drain(..).collect();
+        q.async_len = 0;
+        let helper = q.helper.take();
         drop(q);
+        let mut batch = Vec::new();
+        for entry in left {
+            let out = Err(closed_before(&entry.op));
+            match entry.reply {
+                Reply::Wait(waiter) => waiter.set(State::Done(out)),
+                Reply::Deliver(reply) => batch.push((reply, out)),
+            }
+        }
+        deliver(batch);
         drop(lock(&self.store).take());
+        if let Some(helper) = helper {
+            // The helper's own delivery may close the ledger (a finalizer): it cannot join itself.
+            if helper.thread().id() != std::thread::current().id() {
+                let _ = helper.join();
+            }
+        }
     }
 
     /// `(groups, calls, max_group, fallbacks)` since the writer opened.

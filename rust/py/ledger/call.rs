@@ -1,11 +1,14 @@
 //! How a method reaches the store: the clock read while attached, then, detached, either the
 //! store itself (reads and the calls the writer does not group) or the writer's queue.
 
+use std::sync::Arc;
+
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 
 use super::PyLedger;
 use crate::errors::{LedgerError, Result};
+use crate::py::aio::{self, Build};
 use crate::py::args::{self, int};
 use crate::py::errors::to_pyerr;
 use crate::store::Store;
@@ -41,13 +44,11 @@ impl PyLedger {
         Ok(now)
     }
 
-    fn writer(&self) -> Result<&Writer> {
-        self.writer
-            .as_deref()
-            .ok_or_else(|| LedgerError::StoreError {
-                operation: "using the ledger".into(),
-                message: "the ledger is not open".into(),
-            })
+    fn writer(&self) -> Result<&Arc<Writer>> {
+        self.writer.as_ref().ok_or_else(|| LedgerError::StoreError {
+            operation: "using the ledger".into(),
+            message: "the ledger is not open".into(),
+        })
     }
 
     /// Read the clock, detach, lock, run `op` on the store, re-attach.
@@ -77,5 +78,31 @@ impl PyLedger {
             writer.submit(build(now)?)
         })
         .map_err(|e| to_pyerr(py, e))
+    }
+
+    /// A call the writer groups: without `future`, queue it, wait and return `build`'s
+    /// result; with it, check everything on this thread, queue the call to resolve the
+    /// future, and return `None` at once. Either way a closed ledger refuses first.
+    pub(super) fn call<'py>(
+        &self,
+        py: Python<'py>,
+        future: Option<&Bound<'py, PyAny>>,
+        op: impl FnOnce(i64) -> Result<Op> + Send,
+        build: Build,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(future) = future else {
+            let out = self.submit(py, op)?;
+            return build(py, out).map(Some);
+        };
+        let now = self.now(py)?;
+        let queued = self.writer().and_then(|writer| {
+            if writer.is_closed() {
+                return Err(crate::writer::closed());
+            }
+            Ok((writer, op(now)?))
+        });
+        let (writer, op) = queued.map_err(|e| to_pyerr(py, e))?;
+        aio::submit(py, writer, future, op, build)?;
+        Ok(None)
     }
 }

@@ -1,0 +1,188 @@
+//! Asynchronous calls: `fencepost._core.Ledger` methods called with `future=`.
+//!
+//! Such a call reads its arguments and builds its operation on the event loop's thread (so a
+//! bad argument raises at once, before anything is queued), queues it on the writer with a
+//! [`PyReply`] holding the asyncio future, and returns `None` without waiting. No thread is
+//! spent per call: the writer's helper (or whichever caller leads the group) delivers the
+//! group's answers after its commit, attaching once per group to build the records and
+//! exceptions, then asks each loop once to resolve its futures
+//! (`loop.call_soon_threadsafe(fencepost.aio._resolve_many, items)`). Futures are only ever
+//! touched on their loop's thread.
+//!
+//! A delivery must never attach once the interpreter is finalizing: a thread that takes the
+//! GIL then may hang or be killed. An `atexit` hook (registered with the first asynchronous
+//! call) closes a gate before finalization starts and waits out the deliveries in flight;
+//! deliveries after it drop their answers, whose loops are gone by then.
+
+use std::any::Any;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyList, PyTuple};
+
+use crate::errors::Result;
+use crate::py::errors::to_pyerr;
+use crate::writer::{AsyncReply, Delivery, Op, Output, Writer};
+
+/// How a method turns its operation's output into its Python result.
+pub type Build = for<'py> fn(Python<'py>, Output) -> PyResult<Bound<'py, PyAny>>;
+
+/// An asynchronous call's answer slot: its future, the future's loop, and how to build the
+/// result.
+pub struct PyReply {
+    future: Py<PyAny>,
+    event_loop: Py<PyAny>,
+    build: Build,
+}
+
+/// Queue `op` on `writer`, to resolve `future` (an `asyncio.Future`) with `build`'s result or
+/// the call's exception. Returns once queued.
+pub fn submit(
+    py: Python<'_>,
+    writer: &Arc<Writer>,
+    future: &Bound<'_, PyAny>,
+    op: Op,
+    build: Build,
+) -> PyResult<()> {
+    HOOKED.get_or_try_init(py, || {
+        let hook = wrap_pyfunction!(close_gate, py)?;
+        py.import("atexit")?.call_method1("register", (hook,))?;
+        PyResult::Ok(())
+    })?;
+    let reply = PyReply {
+        future: future.clone().unbind(),
+        event_loop: future.call_method0("get_loop")?.unbind(),
+        build,
+    };
+    writer
+        .submit_async(op, Box::new(reply))
+        .map_err(|e| to_pyerr(py, e))
+}
+
+static HOOKED: PyOnceLock<()> = PyOnceLock::new();
+static RESOLVE_MANY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// Whether deliveries may still attach, and how many are attached now.
+struct Gate {
+    closed: bool,
+    attached: usize,
+}
+
+static GATE: Mutex<Gate> = Mutex::new(Gate {
+    closed: false,
+    attached: 0,
+});
+static GATE_LEFT: Condvar = Condvar::new();
+
+/// The `atexit` hook: no delivery attaches from now on; wait (detached, so they can finish)
+/// for those attached.
+#[pyfunction]
+fn close_gate(py: Python<'_>) {
+    py.detach(|| {
+        let mut gate = GATE.lock().unwrap_or_else(PoisonError::into_inner);
+        gate.closed = true;
+        while gate.attached > 0 {
+            gate = GATE_LEFT.wait(gate).unwrap_or_else(PoisonError::into_inner);
+        }
+    });
+}
+
+/// Run `f` attached, unless the gate is closed (then the answers are dropped without
+/// attaching: Python frees them never, or at the next attach).
+fn through_gate(f: impl for<'py> FnOnce(Python<'py>)) {
+    {
+        let mut gate = GATE.lock().unwrap_or_else(PoisonError::into_inner);
+        if gate.closed {
+            return;
+        }
+        gate.attached += 1;
+    }
+    let _ = Python::try_attach(f);
+    let mut gate = GATE.lock().unwrap_or_else(PoisonError::into_inner);
+    gate.attached -= 1;
+    if gate.closed && gate.attached == 0 {
+        GATE_LEFT.notify_all();
+    }
+}
+
+impl AsyncReply for PyReply {
+    fn deliver(self: Box<Self>, out: Result<Output>, rest: Vec<Delivery>) {
+        let mut mine = Vec::with_capacity(rest.len() + 1);
+        mine.push((self, out));
+        for (reply, out) in rest {
+            if (&*reply as &dyn Any).is::<Self>() {
+                let any: Box<dyn Any + Send> = reply;
+                if let Ok(reply) = any.downcast::<Self>() {
+                    mine.push((reply, out));
+                }
+            } else {
+                reply.deliver(out, Vec::new());
+            }
+        }
+        through_gate(|py| resolve(py, mine));
+    }
+}
+
+/// Build every answer, then hand each loop its futures' answers in one call.
+fn resolve(py: Python<'_>, answers: Vec<(Box<PyReply>, Result<Output>)>) {
+    let resolve_many = match RESOLVE_MANY.get_or_try_init(py, || {
+        PyResult::Ok(
+            py.import("fencepost.aio")?
+                .getattr("_resolve_many")?
+                .unbind(),
+        )
+    }) {
+        Ok(f) => f,
+        Err(e) => {
+            e.write_unraisable(py, None);
+            return;
+        }
+    };
+    // Few loops per group (usually one): a linear search beats hashing Python objects.
+    let mut loops: Vec<(Py<PyAny>, Vec<Bound<'_, PyTuple>>)> = Vec::new();
+    for (reply, out) in answers {
+        let PyReply {
+            future,
+            event_loop,
+            build,
+        } = *reply;
+        let built = out
+            .map_err(|e| to_pyerr(py, e))
+            .and_then(|out| build(py, out));
+        let (failed, value) = match built {
+            Ok(value) => (false, value),
+            Err(e) => (true, e.into_value(py).into_bound(py).into_any()),
+        };
+        let item = match PyTuple::new(
+            py,
+            [
+                future.into_bound(py),
+                PyBool::new(py, failed).to_owned().into_any(),
+                value,
+            ],
+        ) {
+            Ok(item) => item,
+            Err(e) => {
+                e.write_unraisable(py, None);
+                continue;
+            }
+        };
+        match loops.iter_mut().find(|(l, _)| l.is(&event_loop)) {
+            Some((_, items)) => items.push(item),
+            None => loops.push((event_loop, vec![item])),
+        }
+    }
+    for (event_loop, items) in loops {
+        let sent = PyList::new(py, items).and_then(|items| {
+            event_loop.call_method1(py, "call_soon_threadsafe", (resolve_many, items))
+        });
+        match sent {
+            Ok(_) => {}
+            // A closed loop: the coroutines that awaited these futures are gone.
+            Err(e) if e.is_instance_of::<PyRuntimeError>(py) => {}
+            Err(e) => e.write_unraisable(py, Some(event_loop.bind(py))),
+        }
+    }
+}

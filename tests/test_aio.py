@@ -148,6 +148,66 @@ def test_ten_thousand_coroutines_share_transactions_without_a_thread_each(
     assert stall < 1.0
 
 
+def test_threads_and_coroutines_share_one_writer(target: str) -> None:
+    # Blocking callers in threads and coroutines on the same ledger: each leads for the other
+    # (a thread's group answers coroutines, the helper's group wakes threads), and every call
+    # gets its own answer.
+    threads, per_thread, coroutines = 8, 100, 2000
+
+    async def main() -> None:
+        ledger = await AsyncLedger.open(target)
+        await ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r", force=True)
+        sync = ledger.ledger
+        errors: list[BaseException] = []
+
+        def work(t: int) -> None:
+            try:
+                for i in range(per_thread):
+                    res = sync.reserve_attempt("r", f"t{t}-{i}", step_id="s")
+                    assert sync.finish_attempt(
+                        "r", res.unit_id, res.attempt, res.dispatch_id, status="completed"
+                    )
+            except BaseException as e:  # reported by the test
+                errors.append(e)
+
+        async def cycle(i: int) -> bool:
+            res = await ledger.reserve_attempt("r", f"c{i}", step_id="s")
+            return await ledger.finish_attempt(
+                "r", res.unit_id, res.attempt, res.dispatch_id, status="failed"
+            )
+
+        workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        done = await asyncio.gather(*(cycle(i) for i in range(coroutines)))
+        for w in workers:
+            await asyncio.to_thread(w.join)
+        assert errors == []
+        assert all(done)
+        rows = {u.unit_id: u.status for u in await ledger.units("r")}
+        assert len(rows) == threads * per_thread + coroutines
+        assert {s for u, s in rows.items() if u.startswith("t")} == {"completed"}
+        assert {s for u, s in rows.items() if u.startswith("c")} == {"failed"}
+        await ledger.close()
+
+    asyncio.run(main())
+
+
+def test_without_group_commit_async_calls_still_get_futures(tmp_path: pathlib.Path) -> None:
+    async def main() -> None:
+        ledger = await AsyncLedger.open(str(tmp_path / "alone.db"), group_commit=False)
+        await ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r", force=True)
+        out = await asyncio.gather(
+            *(ledger.reserve_attempt("r", f"u{i}", step_id="s") for i in range(300))
+        )
+        assert [r.unit_id for r in out] == [f"u{i}" for i in range(300)]
+        stats = ledger.ledger._core.group_stats()
+        assert (stats["calls"], stats["max_group"]) == (300, 1)
+        await ledger.close()
+
+    asyncio.run(main())
+
+
 def test_errors_reach_their_own_coroutine(target: str) -> None:
     clock = FakeClock()
 

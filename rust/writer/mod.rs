@@ -460,3 +460,198 @@ impl Writer {
         ]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::{channel, Receiver, Sender};
+
+    use super::*;
+    use crate::attempts::UnitSpec;
+    use crate::runs::{self, NewRun, StepSpec};
+    use crate::store::testing::sqlite_memory;
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// An answer as the test sees it: the call's number, its outcome, and how many answers its
+    /// delivery carried.
+    type Answer = (usize, Result<Output>, usize);
+
+    struct Sent {
+        id: usize,
+        tx: Sender<Answer>,
+    }
+
+    impl AsyncReply for Sent {
+        fn deliver(self: Box<Self>, out: Result<Output>, rest: Vec<Delivery>) {
+            let n = rest.len() + 1;
+            let _ = self.tx.send((self.id, out, n));
+            for (reply, out) in rest {
+                let reply: Box<dyn Any + Send> = reply;
+                let sent = reply.downcast::<Self>().expect("only test replies");
+                let _ = sent.tx.send((sent.id, out, n));
+            }
+        }
+    }
+
+    fn writer(capacity: usize) -> Arc<Writer> {
+        let mut store = sqlite_memory();
+        let req = NewRun {
+            workflow_ref: "wf".into(),
+            steps: vec![StepSpec {
+                id: "s".into(),
+                title: String::new(),
+                instructions: String::new(),
+                completion: None,
+            }],
+            run_id: Some("r".into()),
+            force: true,
+            ..NewRun::default()
+        };
+        runs::start_run(store.as_mut(), &req, 0).expect("start_run");
+        let cfg = Config {
+            max_calls: 32,
+            max_weight: 2048,
+            capacity,
+            drain_ms: 50,
+        };
+        Arc::new(Writer::new(store, cfg))
+    }
+
+    fn reserve(unit_id: &str) -> Op {
+        let unit = UnitSpec {
+            unit_id: unit_id.into(),
+            step_id: "s".into(),
+            phase: "unit".into(),
+            ..UnitSpec::default()
+        };
+        Op::reserve("r".into(), vec![unit], None, 1).expect("a valid reserve")
+    }
+
+    fn submit(w: &Arc<Writer>, id: usize, tx: &Sender<Answer>) -> Result<()> {
+        let reply = Box::new(Sent { id, tx: tx.clone() });
+        w.submit_async(reserve(&format!("u{id}")), reply)
+    }
+
+    fn answers(rx: &Receiver<Answer>, n: usize) -> Vec<Answer> {
+        (0..n)
+            .map(|_| rx.recv_timeout(WAIT).expect("every call is answered"))
+            .collect()
+    }
+
+    /// Wait until the helper has taken every queued call into its group.
+    fn taken(w: &Writer) {
+        let deadline = Instant::now() + WAIT;
+        while !lock(&w.queue).pending.is_empty() {
+            assert!(Instant::now() < deadline, "the helper never took the call");
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn async_calls_are_led_by_the_helper_and_answered_a_group_at_a_time() {
+        let w = writer(4096);
+        let (tx, rx) = channel();
+        for id in 0..300 {
+            submit(&w, id, &tx).expect("queued");
+        }
+        let got = answers(&rx, 300);
+        for (id, out, _) in &got {
+            let r = out
+                .clone()
+                .and_then(Output::reservations)
+                .expect("reserved");
+            assert_eq!(r[0].unit_id, format!("u{id}"));
+        }
+        assert!(
+            got.iter().any(|(_, _, n)| *n > 1),
+            "no group answered together"
+        );
+        assert!(w.stats.max_group.load(Ordering::Relaxed) > 1);
+        w.close();
+        assert!(lock(&w.queue).helper.is_none());
+        assert!(matches!(
+            submit(&w, 300, &tx),
+            Err(LedgerError::StoreError { .. })
+        ));
+        // close joined the helper, which let go of its handle on the writer.
+        assert_eq!(Arc::strong_count(&w), 1);
+    }
+
+    #[test]
+    fn close_fails_the_queued_async_calls_it_could_not_run() {
+        let w = writer(4096);
+        let (tx, rx) = channel();
+        let closer = w.with_store(|_| {
+            // The helper takes the first call and waits for the store this test holds.
+            submit(&w, 0, &tx).expect("queued");
+            taken(&w);
+            for id in 1..=5 {
+                submit(&w, id, &tx).expect("queued");
+            }
+            let closing = Arc::clone(&w);
+            let closer = std::thread::spawn(move || closing.close());
+            let mut failed = answers(&rx, 5);
+            failed.sort_by_key(|(id, _, _)| *id);
+            for (id, (got, out, _)) in (1..=5).zip(failed) {
+                assert_eq!(got, id);
+                let Err(LedgerError::StoreError { message, .. }) = out else {
+                    panic!("call {id}: {out:?}");
+                };
+                assert!(message.contains("closed before this call ran"), "{message}");
+            }
+            Ok(closer)
+        });
+        closer.expect("held").join().expect("close");
+        // The call in flight ran or met the closed store; either way it was answered.
+        let (id, out, _) = answers(&rx, 1).remove(0);
+        assert_eq!(id, 0);
+        assert!(
+            matches!(&out, Ok(_) | Err(LedgerError::StoreError { .. })),
+            "{out:?}"
+        );
+        assert_eq!(Arc::strong_count(&w), 1);
+    }
+
+    #[test]
+    fn a_full_queue_refuses_async_calls_instead_of_waiting() {
+        let w = writer(4);
+        let (tx, rx) = channel();
+        w.with_store(|_| {
+            submit(&w, 0, &tx).expect("queued");
+            taken(&w);
+            for id in 1..=4 {
+                submit(&w, id, &tx).expect("room");
+            }
+            assert!(matches!(
+                submit(&w, 5, &tx),
+                Err(LedgerError::StoreBusy { .. })
+            ));
+            Ok(())
+        })
+        .expect("held");
+        let got = answers(&rx, 5);
+        assert!(got.iter().all(|(_, out, _)| out.is_ok()), "{got:?}");
+        w.close();
+    }
+
+    #[test]
+    fn a_shut_writer_runs_what_is_queued_then_lets_go_of_the_helper() {
+        let w = writer(4096);
+        let (tx, rx) = channel();
+        w.with_store(|_| {
+            for id in 0..50 {
+                submit(&w, id, &tx).expect("queued");
+            }
+            w.shut();
+            Ok(())
+        })
+        .expect("held");
+        let got = answers(&rx, 50);
+        assert!(got.iter().all(|(_, out, _)| out.is_ok()), "{got:?}");
+        let deadline = Instant::now() + WAIT;
+        while Arc::strong_count(&w) > 1 {
+            assert!(Instant::now() < deadline, "the helper did not stop");
+            std::thread::yield_now();
+        }
+    }
+}

@@ -281,12 +281,15 @@ def test_a_bad_argument_raises_before_anything_is_queued(target: str) -> None:
             core.reserve_attempt("r", unit, None, future=future)
         with pytest.raises(fp.InvalidArgument, match="tokens"):
             await ledger.finish_attempt("r", "u", 1, "d", status="completed", tokens=-1)
+        not_a_future: Any = object()
+        unit |= {"phase": "unit"}
+        with pytest.raises(fp.InvalidArgument, match=r"future: must be an asyncio\.Future"):
+            core.reserve_attempt("r", unit, None, future=not_a_future)
         assert not future.done()
         assert core.group_stats()["calls"] == before
         assert await ledger.units("r") == []
         await ledger.close()
         # A closed ledger refuses at once too.
-        unit |= {"phase": "unit"}
         with pytest.raises(fp.StoreError, match="closed"):
             core.reserve_attempt("r", unit, None, future=future)
         with pytest.raises(fp.StoreError, match="closed"):

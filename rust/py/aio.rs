@@ -23,6 +23,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyList, PyTuple};
 
 use crate::errors::Result;
+use crate::py::args;
 use crate::py::errors::to_pyerr;
 use crate::writer::{AsyncReply, Delivery, Op, Output, Writer};
 
@@ -51,9 +52,16 @@ pub fn submit(
         py.import("atexit")?.call_method1("register", (hook,))?;
         PyResult::Ok(())
     })?;
+    let event_loop = future.call_method0("get_loop").map_err(|_| {
+        args::invalid(
+            py,
+            "future",
+            format!("must be an asyncio.Future, not {}", args::type_name(future)),
+        )
+    })?;
     let reply = PyReply {
         future: future.clone().unbind(),
-        event_loop: future.call_method0("get_loop")?.unbind(),
+        event_loop: event_loop.unbind(),
         build,
     };
     writer

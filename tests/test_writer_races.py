@@ -430,18 +430,64 @@ def _run_calls_kept_their_outcomes(
 # ------------------------------------------------------------------ grouped == one by one
 
 
+def _own_run_call(
+    ledger: fp.Ledger, rnd: random.Random, run_id: str, claims: list[fp.Claim], step: list[str]
+) -> tuple[Any, ...]:
+    """One call on a run only this thread touches: a takeover (``claims[-1]`` is the current
+    claim, the others are stale), another runner's claim, a status move or a step's
+    completion (``step[0]`` is the current step as this thread last saw it). The outcome."""
+    roll = rnd.random()
+    fence = rnd.choice([claims[-1], claims[-1], rnd.choice(claims)])
+    if roll < 0.1:
+        new = ledger.claim(run_id, "host-a", lease_ms=LEASE_MS)
+        assert new is not None
+        claims.append(new)
+        return ("takeover", new.generation, new.owner_id)
+    if roll < 0.2:
+        return ("claim", ledger.claim(run_id, "host-b", lease_ms=LEASE_MS))
+    if roll < 0.55:
+        to = rnd.choice(["active", "blocked"])
+        res = _try(ledger.set_status, run_id, to, claim=fence)
+        got = (res[1].status, res[1].revision) if res[0] == "ok" else res[0]
+        return ("move", to, fence.generation, got)
+    target = step[0] if rnd.random() < 0.8 else MANY_STEPS[-1]["id"]
+    res = _try(
+        ledger.complete_step,
+        run_id,
+        target,
+        status=rnd.choice(["completed", "skipped"]),
+        notes=target,
+        claim=rnd.choice([fence, None]),
+    )
+    if res[0] != "ok":
+        return ("step", target, res[0])
+    assert res[1].current_step_id is not None
+    step[0] = res[1].current_step_id
+    return ("step", target, res[1].current_step_id, res[1].revision)
+
+
 def _deterministic(
-    ledger: fp.Ledger, claim: fp.Claim, stale: fp.Claim, results: dict[int, list[Any]]
+    ledger: fp.Ledger,
+    claim: fp.Claim,
+    stale: fp.Claim,
+    own: dict[int, list[fp.Claim]],
+    results: dict[int, list[Any]],
 ) -> Callable[[int, threading.Barrier], None]:
     """A thread's body whose outcomes do not depend on how the threads interleave: each
-    thread works on its own units, and the lease never changes hands during the run."""
+    thread works on its own units, the shared run's lease never changes hands during the run,
+    and each thread's claims, moves and step completions are on a run of its own."""
 
     def body(i: int, barrier: threading.Barrier) -> None:
         rnd = random.Random(1000 + i)
         mine: list[Any] = []
         latest: dict[str, fp.Reservation] = {}
+        own_claims = own[i]
+        own_step = [MANY_STEPS[0]["id"]]
         barrier.wait()
         for k in range(40):
+            if rnd.random() < 0.3:
+                mine.append(_own_run_call(ledger, rnd, f"det-{i}", own_claims, own_step))
+                continue
             roll = rnd.random()
             unit = f"t{i}-u{rnd.randrange(6)}"
             fence = rnd.choice([claim, claim, stale, None])
@@ -498,7 +544,12 @@ def _deterministic_run(
         claim = ledger.claim("det", "host-a", lease_ms=LEASE_MS)
         assert stale is not None
         assert claim is not None
-        _threads(THREADS, _deterministic(ledger, claim, stale, results))
+        own: dict[int, list[fp.Claim]] = {}
+        for i in range(THREADS):
+            _run(ledger, f"det-{i}", MANY_STEPS)
+            claims = [ledger.claim(f"det-{i}", "host-a", lease_ms=LEASE_MS) for _ in range(2)]
+            own[i] = [c for c in claims if c is not None]
+        _threads(THREADS, _deterministic(ledger, claim, stale, own, results))
         stats = _stats(ledger)
     with raw_db(target) as db:
         rows = {
@@ -519,15 +570,37 @@ def _deterministic_run(
             "events": sorted(
                 db.execute(
                     "SELECT resource_id, type, actor_type, actor_id, generation, "
-                    "json_extract(payload, '$.unit_id'), json_extract(payload, '$.attempt') "
+                    "json_extract(payload, '$.unit_id'), json_extract(payload, '$.attempt'), "
+                    "json_extract(payload, '$.to'), json_extract(payload, '$.step_id') "
                     "FROM events"
                 ).fetchall(),
                 key=repr,
+            ),
+            "runs": sorted(
+                db.execute(
+                    "SELECT run_id, status, current_step_id, updated_at, completed_at FROM runs"
+                ).fetchall()
+            ),
+            "steps": sorted(
+                db.execute(
+                    "SELECT run_id, step_id, status, notes, completed_at FROM steps"
+                ).fetchall()
             ),
         }
     _revisions_gap_free(target)
     check_invariants(target)
     return results, rows, stats
+
+
+def _own_outcome(call: tuple[Any, ...]) -> tuple[str, str]:
+    """``(kind, outcome)`` of a recorded own-run call: ``ok``, ``None`` (a refused claim) or
+    the error's name."""
+    kind, last = call[0], call[-1]
+    if kind == "takeover":
+        return kind, "ok"
+    if isinstance(last, str):
+        return kind, last
+    return kind, "None" if last is None else "ok"
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
@@ -545,6 +618,21 @@ def test_grouped_matches_ungrouped(kind: str, tmp_path: pathlib.Path) -> None:
         outs[True],
     )
     assert grouped_results == plain
+    # The run calls met every outcome: taken and refused claims, moves made and refused (a
+    # stale claim, a move to the status the run has), steps completed and refused.
+    seen = {_own_outcome(call) for calls in plain.values() for call in calls}
+    for want in [
+        ("takeover", "ok"),
+        ("claim", "None"),
+        ("move", "ok"),
+        ("move", "LeaseLost"),
+        ("move", "InvalidArgument"),
+        ("step", "ok"),
+        ("step", "InvalidArgument"),
+        ("step", "LeaseLost"),
+        ("step", "RunNotActive"),
+    ]:
+        assert want in seen, (want, seen)
     for table in plain_rows:
         assert grouped_rows[table] == plain_rows[table], table
     assert plain_stats["max_group"] == 1

@@ -214,7 +214,7 @@ mod run_calls {
     use crate::errors::LedgerError;
     use crate::leases::{self, ClaimSpec, Fence};
     use crate::queue;
-    use crate::runs::{self, StepResult};
+    use crate::runs::{self, NewRun, StepResult, StepSpec};
     use crate::status::RunStatus;
     use crate::{events, writer::run_group};
 
@@ -222,6 +222,7 @@ mod run_calls {
         grouped_run_calls_match_one_by_one,
         a_failing_call_keeps_its_run_call_neighbours,
         run_call_arguments_are_refused_before_the_queue,
+        a_move_into_an_occupied_scope_fails_alone,
     );
 
     /// `r1`..`r3` as [`prepare`] makes them, and `r4`, queued and never claimed.
@@ -422,5 +423,56 @@ mod run_calls {
             panic!("{claimed:?}")
         };
         assert_eq!(claim.token, token);
+    }
+
+    /// A guarded run, blocked, whose scope another run took meanwhile: moving it back to
+    /// `active` fails at the scope guard's unique index. That statement's failure belongs to
+    /// its call: `ActiveRunExists` naming the occupant, as alone, and the neighbours commit.
+    fn a_move_into_an_occupied_scope_fails_alone(store: &mut dyn Store) {
+        let (mut other, _keep) = twin(store);
+        let guarded = |run_id: &str| NewRun {
+            workflow_ref: "wf/guarded".into(),
+            scope_key: Some("scope".into()),
+            steps: vec![StepSpec {
+                id: "a".into(),
+                title: String::new(),
+                instructions: String::new(),
+                completion: None,
+            }],
+            run_id: Some(run_id.into()),
+            ..NewRun::default()
+        };
+        let mut fences = Vec::new();
+        for s in [&mut *store, other.as_mut()] {
+            fences.push(prepare_runs(s));
+            runs::start_run(s, &guarded("g1"), T0).expect("g1");
+            runs::block_run(s, "g1", None, T0).expect("block g1");
+            runs::start_run(s, &guarded("g2"), T0).expect("g2 takes the scope");
+        }
+        let live = fences[0].1.clone();
+        let now = T0 + 10;
+        let (claim_g1, fg1) = claiming("g1", "host-a", &"h".repeat(40), 1, now);
+        let (take_r4, _) = claiming("r4", "host-d", &"e".repeat(40), 1, now);
+        let group = [
+            claim_g1,
+            completing("r1", "a", "completed", Some(&live), now),
+            moving("g1", "active", &fg1, now),
+            take_r4,
+            moving("r1", "blocked", &live, now),
+        ];
+        let (out, outcome) = compare(store, other.as_mut(), &group);
+        assert!(
+            !outcome.fell_back,
+            "the guard's refusal stays with its call"
+        );
+        assert_eq!(run_rows(store), run_rows(other.as_mut()));
+        assert!(
+            matches!(&out[2], Err(LedgerError::ActiveRunExists { occupant_run_id, .. }) if occupant_run_id == "g2"),
+            "{:?}",
+            out[2]
+        );
+        assert!(out[0].is_ok() && out[1].is_ok() && out[3].is_ok() && out[4].is_ok());
+        let g1 = runs::get_run(store, "g1").unwrap().unwrap();
+        assert_eq!(g1.status, RunStatus::Blocked);
     }
 }

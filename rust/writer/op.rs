@@ -103,8 +103,9 @@ pub enum Output {
     Claim(Claim),
     /// A new claim, or `None` when the run is held or terminal.
     MaybeClaim(Option<Claim>),
-    /// The run after the call.
-    Run(Run),
+    /// The run after the call (boxed: a run is many times the size of the other outputs, and
+    /// every queued call's slot holds the largest).
+    Run(Box<Run>),
 }
 
 impl Op {
@@ -266,7 +267,7 @@ impl Op {
                 to,
                 fence,
                 now_ms,
-            } => runs::set_status_in(tx, run_id, *to, fence, *now_ms).map(Output::Run),
+            } => runs::set_status_in(tx, run_id, *to, fence, *now_ms).map(Output::run_of),
             Self::CompleteStep {
                 run_id,
                 step_id,
@@ -283,7 +284,7 @@ impl Op {
                 fence.as_ref(),
                 *now_ms,
             )
-            .map(Output::Run),
+            .map(Output::run_of),
             #[cfg(test)]
             Self::Poison { run_id } => {
                 let payload = crate::canonical::Value::Object(vec![]);
@@ -331,10 +332,14 @@ impl Output {
         }
     }
 
+    fn run_of(run: Run) -> Self {
+        Self::Run(Box::new(run))
+    }
+
     /// The run a status move or a step's completion returns.
     pub fn run(self) -> Result<Run> {
         match self {
-            Self::Run(r) => Ok(r),
+            Self::Run(r) => Ok(*r),
             other => Err(mismatch(&other)),
         }
     }

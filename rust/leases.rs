@@ -348,13 +348,23 @@ pub fn claim(
     now_ms: i64,
 ) -> Result<Option<Claim>> {
     store.write("claiming a run", |tx| {
-        tx.lock_run(run_id)?;
-        let state = run_state(tx, run_id)?;
-        if state.status.is_terminal() {
-            return Ok(None);
-        }
-        claim_in(tx, run_id, state.status, spec, now_ms)
+        claim_run_in(tx, run_id, spec, now_ms)
     })
+}
+
+/// The body of [`claim`] inside the caller's transaction: it locks `run_id` and no other run.
+pub(crate) fn claim_run_in(
+    tx: &dyn Tx,
+    run_id: &str,
+    spec: &ClaimSpec,
+    now_ms: i64,
+) -> Result<Option<Claim>> {
+    tx.lock_run(run_id)?;
+    let state = run_state(tx, run_id)?;
+    if state.status.is_terminal() {
+        return Ok(None);
+    }
+    claim_in(tx, run_id, state.status, spec, now_ms)
 }
 
 /// Extend a live claim by `lease_ms` from now; the claim comes back with `token`. No event: a

@@ -1,5 +1,6 @@
-"""Group commit: reserves, finishes and heartbeats from threads sharing one ``Ledger`` join one
-transaction while one is in flight, and each call keeps the outcome it would have alone."""
+"""Group commit: reserves, finishes, heartbeats, claims, status moves and step completions from
+threads sharing one ``Ledger`` join one transaction while one is in flight, and each call keeps
+the outcome it would have alone."""
 
 from __future__ import annotations
 
@@ -183,3 +184,77 @@ def test_close_fails_nothing_that_ran_and_refuses_what_comes_after(target: str) 
     ledger.close()
     with pytest.raises(fp.StoreError, match="closed"):
         ledger.finish_attempt(run, "u", r.attempt, r.dispatch_id, status="completed")
+
+
+def test_claims_moves_and_steps_keep_their_outcomes_in_one_group(target: str) -> None:
+    """Claims, status moves and step completions queued behind one lock holder commit as one
+    group, and each gets what it gets alone: the stale owner's move and completion raise
+    LeaseLost and write nothing, another runner's claim of a held run is None, an invalid move
+    is refused with the message it has alone, and the live calls commit."""
+    steps = [{"id": "s"}, {"id": "t"}]
+    with fp.Ledger.open(target, busy_timeout_ms=10_000) as ledger:
+        a, b, c = (
+            ledger.start_run("wf", scope_key=None, steps=steps, run_id=r, force=True).run_id
+            for r in ("a", "b", "c")
+        )
+        dummy = _start(ledger, "dummy")
+        stale = ledger.claim(a, "host-a", lease_ms=60_000)
+        live = ledger.claim(a, "host-a", lease_ms=60_000)
+        held = ledger.claim(b, "host-a", lease_ms=60_000)
+        assert stale is not None
+        assert live is not None
+        assert held is not None
+        before = {r: len(ledger.events(r)) for r in (a, b, c)}
+        calls: dict[str, Any] = {
+            "stale_move": lambda: ledger.set_status(a, "blocked", claim=stale),
+            "stale_step": lambda: ledger.complete_step(a, "s", claim=stale),
+            "live_step": lambda: ledger.complete_step(a, "s", claim=live),
+            "held_claim": lambda: ledger.claim(b, "host-b", lease_ms=60_000),
+            "bad_move": lambda: ledger.set_status(b, "queued", claim=held),
+            "new_claim": lambda: ledger.claim(c, "host-b", lease_ms=60_000),
+        }
+        out: dict[str, Any] = {}
+
+        def call(name: str, f: Any) -> None:
+            try:
+                out[name] = f()
+            except fp.LedgerError as e:
+                out[name] = e
+
+        groups_before = ledger._core.group_stats()["groups"]
+        with _held(target, dummy):
+            lead = threading.Thread(
+                target=call,
+                args=("dummy", lambda: ledger.reserve_attempt(dummy, "u", step_id="s")),
+            )
+            lead.start()
+            time.sleep(0.3)  # the dummy call leads and waits for the lock (nothing to poll)
+            queued = [threading.Thread(target=call, args=item) for item in calls.items()]
+            for t in queued:
+                t.start()
+            time.sleep(0.3)  # every call queues behind the dummy
+        for t in [lead, *queued]:
+            t.join()
+        stats = ledger._core.group_stats()
+        assert stats["max_group"] >= len(calls), (stats, out)
+        assert stats["groups"] - groups_before <= 2, "the dummy's group, then all the rest"
+        assert stats["fallbacks"] == 0
+
+        assert isinstance(out["stale_move"], fp.LeaseLost)
+        assert isinstance(out["stale_step"], fp.LeaseLost)
+        assert out["live_step"].current_step_id == "t"
+        assert out["held_claim"] is None
+        assert isinstance(out["bad_move"], fp.InvalidArgument)
+        assert out["new_claim"].generation == 1
+        assert out["new_claim"].owner_id == "host-b"
+        types = {r: [e.type for e in ledger.events(r)[before[r] :]] for r in (a, b, c)}
+        assert types == {a: ["step.completed"], b: [], c: ["lease.claimed"]}
+        run_b = ledger.get_run(b)
+        assert run_b is not None
+        assert run_b.status == "active"
+        # The refusals again, alone: the same errors, word for word.
+        for name in ("stale_move", "stale_step", "bad_move"):
+            with pytest.raises(type(out[name])) as alone:
+                calls[name]()
+            assert str(alone.value) == str(out[name])
+    check_invariants(target)

@@ -35,8 +35,8 @@ mod call;
 use crate::{attempts, blobs, events, leases, queue};
 
 /// The ledger handle: one connection behind the group-commit writer, shared safely between
-/// threads. Reserves, finishes and heartbeats queue there (concurrent ones share a
-/// transaction); every other call locks the store directly.
+/// threads. Reserves, finishes, heartbeats, claims, status moves and step completions queue
+/// there (concurrent ones share a transaction); every other call locks the store directly.
 #[pyclass(frozen, module = "fencepost._core", name = "Ledger")]
 pub struct PyLedger {
     /// `None` only while `__new__` opens the store.
@@ -280,10 +280,12 @@ impl PyLedger {
         let step_id = text(step_id, "step_id")?;
         let fence = fence_arg(claim)?;
         let result = StepResultArgs::read(result)?;
-        let run = self.run(py, move |s, now| {
-            let result = result.into_result();
-            runs::complete_step(s, &run_id, &step_id, &result, fence.as_ref(), now)
-        })?;
+        let run = self
+            .submit(py, move |now| {
+                Op::complete_step(run_id, step_id, result.into_result(), fence, now)
+            })?
+            .run()
+            .map_err(|e| to_pyerr(py, e))?;
         records::run(py, run)
     }
 
@@ -504,10 +506,13 @@ impl PyLedger {
         let runner_id = text(runner_id, "runner_id")?;
         let lease_ms = int(lease_ms, "lease_ms")?;
         let token = opt_text(token, "token")?;
-        let claim = self.run(py, move |s, now| {
-            let spec = ClaimSpec::new(runner_id, lease_ms, token, "token")?;
-            leases::claim(s, &run_id, &spec, now)
-        })?;
+        let claim = self
+            .submit(py, move |now| {
+                let spec = ClaimSpec::new(runner_id, lease_ms, token, "token")?;
+                Ok(Op::claim(run_id, spec, now))
+            })?
+            .maybe_claim()
+            .map_err(|e| to_pyerr(py, e))?;
         records::opt_claim(py, claim)
     }
 
@@ -544,9 +549,10 @@ impl PyLedger {
         let run_id = text(run_id, "run_id")?;
         let status = text(status, "status")?;
         let (fence, _) = claim_arg(claim)?;
-        let run = self.run(py, move |s, now| {
-            runs::set_status(s, &run_id, &status, &fence, now)
-        })?;
+        let run = self
+            .submit(py, move |now| Op::set_status(run_id, &status, fence, now))?
+            .run()
+            .map_err(|e| to_pyerr(py, e))?;
         records::run(py, run)
     }
 

@@ -76,75 +76,88 @@ pub fn complete_step(
 ) -> Result<Run> {
     let status = StepStatus::parse_result(&result.status)?;
     store.write("completing a step", |tx| {
-        tx.lock_run(run_id)?;
-        let actor = leases::check(tx, run_id, fence, now_ms)?;
-        let state = run_state(tx, run_id)?;
-        state.require_active(run_id)?;
-        let seq: i64 = tx
-            .row(&sql::STEP_STATUS_SQL, params![run_id, step_id], |r| {
-                r.get(1)
-            })?
-            .ok_or_else(|| LedgerError::NotFound {
-                kind: "step",
-                key: step_id.to_owned(),
-            })?;
-        if state.current_step_id.as_deref() != Some(step_id) {
-            return Err(LedgerError::invalid(
-                "step_id",
-                format!(
-                    "{step_id:?} is not the current step of run {run_id:?}; the current step is \
-                     {:?}",
-                    state.current_step_id.as_deref().unwrap_or("none")
-                ),
-            ));
-        }
-        let completed_at = (status != StepStatus::Blocked).then_some(now_ms);
-        tx.exec_later(
-            &sql::COMPLETE_STEP_SQL,
-            params![
-                run_id,
-                step_id,
-                status,
-                result.notes,
-                result.evidence,
-                result.summary,
-                completed_at
-            ],
-        )?;
-        let payload = Value::Object(vec![
-            ("run_id".into(), Value::Str(run_id.to_owned())),
-            ("status".into(), Value::Str(status.as_str().into())),
-            ("step_id".into(), Value::Str(step_id.to_owned())),
-        ]);
-        events::append(tx, run_id, "step.completed", &payload, &actor, now_ms)?;
-        if !status.advances() {
-            let to = RunStatus::Blocked;
-            transition(tx, run_id, &state, to, Some(step_id), &actor, now_ms)?;
-            return must_read_run(tx, run_id);
-        }
-        let next: Option<String> =
-            tx.row(&sql::NEXT_STEP_SQL, params![run_id, seq], |r| r.get(0))?;
-        if let Some(next) = next {
-            // The run stays `active` on its next step: no status change, so no `run.status`
-            // (the `step.completed` above is the event of this revision).
-            tx.exec_later(&sql::ACTIVATE_STEP_SQL, params![run_id, next])?;
-            tx.exec_later(
-                &sql::SET_RUN_STATUS_SQL,
-                params![run_id, RunStatus::Active, next, now_ms],
-            )?;
-        } else {
-            transition(
-                tx,
-                run_id,
-                &state,
-                RunStatus::Completed,
-                None,
-                &actor,
-                now_ms,
-            )?;
-        }
-        must_read_run(tx, run_id)
+        complete_step_in(tx, run_id, step_id, status, result, fence, now_ms)
     })
+}
+
+/// The body of [`complete_step`] inside the caller's transaction, `result.status` parsed as
+/// `status`: it locks `run_id` and no other run.
+pub(crate) fn complete_step_in(
+    tx: &dyn Tx,
+    run_id: &str,
+    step_id: &str,
+    status: StepStatus,
+    result: &StepResult,
+    fence: Option<&Fence>,
+    now_ms: i64,
+) -> Result<Run> {
+    tx.lock_run(run_id)?;
+    let actor = leases::check(tx, run_id, fence, now_ms)?;
+    let state = run_state(tx, run_id)?;
+    state.require_active(run_id)?;
+    let seq: i64 = tx
+        .row(&sql::STEP_STATUS_SQL, params![run_id, step_id], |r| {
+            r.get(1)
+        })?
+        .ok_or_else(|| LedgerError::NotFound {
+            kind: "step",
+            key: step_id.to_owned(),
+        })?;
+    if state.current_step_id.as_deref() != Some(step_id) {
+        return Err(LedgerError::invalid(
+            "step_id",
+            format!(
+                "{step_id:?} is not the current step of run {run_id:?}; the current step is \
+                 {:?}",
+                state.current_step_id.as_deref().unwrap_or("none")
+            ),
+        ));
+    }
+    let completed_at = (status != StepStatus::Blocked).then_some(now_ms);
+    tx.exec_later(
+        &sql::COMPLETE_STEP_SQL,
+        params![
+            run_id,
+            step_id,
+            status,
+            result.notes,
+            result.evidence,
+            result.summary,
+            completed_at
+        ],
+    )?;
+    let payload = Value::Object(vec![
+        ("run_id".into(), Value::Str(run_id.to_owned())),
+        ("status".into(), Value::Str(status.as_str().into())),
+        ("step_id".into(), Value::Str(step_id.to_owned())),
+    ]);
+    events::append(tx, run_id, "step.completed", &payload, &actor, now_ms)?;
+    if !status.advances() {
+        let to = RunStatus::Blocked;
+        transition(tx, run_id, &state, to, Some(step_id), &actor, now_ms)?;
+        return must_read_run(tx, run_id);
+    }
+    let next: Option<String> = tx.row(&sql::NEXT_STEP_SQL, params![run_id, seq], |r| r.get(0))?;
+    if let Some(next) = next {
+        // The run stays `active` on its next step: no status change, so no `run.status`
+        // (the `step.completed` above is the event of this revision).
+        tx.exec_later(&sql::ACTIVATE_STEP_SQL, params![run_id, next])?;
+        tx.exec_later(
+            &sql::SET_RUN_STATUS_SQL,
+            params![run_id, RunStatus::Active, next, now_ms],
+        )?;
+    } else {
+        transition(
+            tx,
+            run_id,
+            &state,
+            RunStatus::Completed,
+            None,
+            &actor,
+            now_ms,
+        )?;
+    }
+    must_read_run(tx, run_id)
 }
 
 /// `active` -> `blocked`, marking the current step blocked; any other status is
@@ -245,13 +258,25 @@ pub fn set_status(
 ) -> Result<Run> {
     let to = RunStatus::parse_argument("status", status)?;
     store.write("changing a run's status", |tx| {
-        tx.lock_run(run_id)?;
-        let actor = leases::check(tx, run_id, Some(fence), now_ms)?;
-        let state = run_state(tx, run_id)?;
-        let current = state.current_step_id.as_deref();
-        transition(tx, run_id, &state, to, current, &actor, now_ms)?;
-        must_read_run(tx, run_id)
+        set_status_in(tx, run_id, to, fence, now_ms)
     })
+}
+
+/// The body of [`set_status`] inside the caller's transaction: it locks `run_id` and no other
+/// run (a move changes only its own run; nothing cascades to a parent or a child).
+pub(crate) fn set_status_in(
+    tx: &dyn Tx,
+    run_id: &str,
+    to: RunStatus,
+    fence: &Fence,
+    now_ms: i64,
+) -> Result<Run> {
+    tx.lock_run(run_id)?;
+    let actor = leases::check(tx, run_id, Some(fence), now_ms)?;
+    let state = run_state(tx, run_id)?;
+    let current = state.current_step_id.as_deref();
+    transition(tx, run_id, &state, to, current, &actor, now_ms)?;
+    must_read_run(tx, run_id)
 }
 
 /// Record the run's outputs.

@@ -5,12 +5,14 @@
 use crate::attempts::{self, FinishSpec, UnitSpec};
 use crate::errors::{LedgerError, Result};
 use crate::ids::new_dispatch_id;
-use crate::leases::{self, Fence};
-use crate::model::{Claim, Reservation};
+use crate::leases::{self, ClaimSpec, Fence};
+use crate::model::{Claim, Reservation, Run};
+use crate::runs::{self, StepResult};
+use crate::status::{RunStatus, StepStatus};
 use crate::store::Tx;
 
 /// One call, with everything its transaction needs decided beforehand: arguments checked,
-/// dispatch ids drawn, the clock read.
+/// dispatch ids and claim tokens drawn, JSON serialized, the clock read.
 #[derive(Debug, Clone)]
 pub enum Op {
     /// `reserve_attempt(s)`.
@@ -46,6 +48,41 @@ pub enum Op {
         /// The clock.
         now_ms: i64,
     },
+    /// `claim`.
+    Claim {
+        /// The run.
+        run_id: String,
+        /// The claimant, the lease length and the token (drawn if the caller gave none).
+        spec: ClaimSpec,
+        /// The clock.
+        now_ms: i64,
+    },
+    /// `set_status`.
+    SetStatus {
+        /// The run.
+        run_id: String,
+        /// The status moved to, parsed.
+        to: RunStatus,
+        /// The caller's claim.
+        fence: Fence,
+        /// The clock.
+        now_ms: i64,
+    },
+    /// `complete_step`.
+    CompleteStep {
+        /// The run.
+        run_id: String,
+        /// The step completed.
+        step_id: String,
+        /// `result.status`, parsed.
+        status: StepStatus,
+        /// The result, its evidence serialized.
+        result: StepResult,
+        /// The caller's claim.
+        fence: Option<Fence>,
+        /// The clock.
+        now_ms: i64,
+    },
     /// Writes an event on the run, then fails as a broken store would: what a group does when
     /// one call aborts the transaction.
     #[cfg(test)]
@@ -64,6 +101,11 @@ pub enum Output {
     Finished(Vec<bool>),
     /// The renewed claim.
     Claim(Claim),
+    /// A new claim, or `None` when the run is held or terminal.
+    MaybeClaim(Option<Claim>),
+    /// The run after the call (boxed: a run is many times the size of the other outputs, and
+    /// every queued call's slot holds the largest).
+    Run(Box<Run>),
 }
 
 impl Op {
@@ -110,12 +152,54 @@ impl Op {
         })
     }
 
+    /// A claim of `run_id` (the spec is checked and its token drawn by [`ClaimSpec::new`]).
+    pub fn claim(run_id: String, spec: ClaimSpec, now_ms: i64) -> Self {
+        Self::Claim {
+            run_id,
+            spec,
+            now_ms,
+        }
+    }
+
+    /// A move of `run_id` to `status`, parsed.
+    pub fn set_status(run_id: String, status: &str, fence: Fence, now_ms: i64) -> Result<Self> {
+        let to = RunStatus::parse_argument("status", status)?;
+        Ok(Self::SetStatus {
+            run_id,
+            to,
+            fence,
+            now_ms,
+        })
+    }
+
+    /// The completion of `step_id`, its result's status parsed.
+    pub fn complete_step(
+        run_id: String,
+        step_id: String,
+        result: StepResult,
+        fence: Option<Fence>,
+        now_ms: i64,
+    ) -> Result<Self> {
+        let status = StepStatus::parse_result(&result.status)?;
+        Ok(Self::CompleteStep {
+            run_id,
+            step_id,
+            status,
+            result,
+            fence,
+            now_ms,
+        })
+    }
+
     /// The operation's name in error messages, as the call alone names it.
     pub fn label(&self) -> &'static str {
         match self {
             Self::Reserve { .. } => "reserving attempts",
             Self::Finish { .. } => "finishing attempts",
             Self::Heartbeat { .. } => "renewing a claim",
+            Self::Claim { .. } => "claiming a run",
+            Self::SetStatus { .. } => "changing a run's status",
+            Self::CompleteStep { .. } => "completing a step",
             #[cfg(test)]
             Self::Poison { .. } => "poisoning a group",
         }
@@ -127,6 +211,11 @@ impl Op {
             Self::Reserve { run_id, .. } => vec![run_id],
             Self::Finish { finishes, .. } => finishes.iter().map(|f| f.run_id.as_str()).collect(),
             Self::Heartbeat { fence, .. } => vec![&fence.run_id],
+            // Each of these locks its own run only: a claim, a status move or a step's
+            // completion never writes to a parent or a child run.
+            Self::Claim { run_id, .. }
+            | Self::SetStatus { run_id, .. }
+            | Self::CompleteStep { run_id, .. } => vec![run_id],
             #[cfg(test)]
             Self::Poison { run_id } => vec![run_id],
         }
@@ -137,7 +226,10 @@ impl Op {
         match self {
             Self::Reserve { units, .. } => units.len().max(1),
             Self::Finish { finishes, .. } => finishes.len().max(1),
-            Self::Heartbeat { .. } => 1,
+            Self::Heartbeat { .. }
+            | Self::Claim { .. }
+            | Self::SetStatus { .. }
+            | Self::CompleteStep { .. } => 1,
             #[cfg(test)]
             Self::Poison { .. } => 1,
         }
@@ -165,6 +257,34 @@ impl Op {
                 lease_ms,
                 now_ms,
             } => leases::heartbeat_in(tx, fence, token, *lease_ms, *now_ms).map(Output::Claim),
+            Self::Claim {
+                run_id,
+                spec,
+                now_ms,
+            } => leases::claim_run_in(tx, run_id, spec, *now_ms).map(Output::MaybeClaim),
+            Self::SetStatus {
+                run_id,
+                to,
+                fence,
+                now_ms,
+            } => runs::set_status_in(tx, run_id, *to, fence, *now_ms).map(Output::run_of),
+            Self::CompleteStep {
+                run_id,
+                step_id,
+                status,
+                result,
+                fence,
+                now_ms,
+            } => runs::complete_step_in(
+                tx,
+                run_id,
+                step_id,
+                *status,
+                result,
+                fence.as_ref(),
+                *now_ms,
+            )
+            .map(Output::run_of),
             #[cfg(test)]
             Self::Poison { run_id } => {
                 let payload = crate::canonical::Value::Object(vec![]);
@@ -200,6 +320,26 @@ impl Output {
     pub fn claim(self) -> Result<Claim> {
         match self {
             Self::Claim(c) => Ok(c),
+            other => Err(mismatch(&other)),
+        }
+    }
+
+    /// The outcome of a claim: the claim, or `None`.
+    pub fn maybe_claim(self) -> Result<Option<Claim>> {
+        match self {
+            Self::MaybeClaim(c) => Ok(c),
+            other => Err(mismatch(&other)),
+        }
+    }
+
+    fn run_of(run: Run) -> Self {
+        Self::Run(Box::new(run))
+    }
+
+    /// The run a status move or a step's completion returns.
+    pub fn run(self) -> Result<Run> {
+        match self {
+            Self::Run(r) => Ok(*r),
             other => Err(mismatch(&other)),
         }
     }

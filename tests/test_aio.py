@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import inspect
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -549,5 +551,59 @@ def test_open_takes_every_ledger_keyword(tmp_path: pathlib.Path) -> None:
         with pytest.raises(fp.StoreError):
             await AsyncLedger.open(missing, create=False)
         assert not (tmp_path / "missing.db").exists()
+
+    asyncio.run(main())
+
+
+def test_status_moves_and_step_completions_queue_with_futures(target: str) -> None:
+    async def main() -> None:
+        ledger = await AsyncLedger.open(target)
+        steps = [{"id": "a"}, {"id": "b"}]
+        claims: list[fp.Claim] = []
+        for i in range(40):
+            await ledger.start_run("wf", scope_key=None, steps=steps, run_id=f"r{i}", force=True)
+            claim = await ledger.claim(f"r{i}", "host-a", lease_ms=60_000)
+            assert claim is not None
+            claims.append(claim)
+        core = ledger.ledger._core
+        before = core.group_stats()["calls"]
+        threads = threading.active_count()
+
+        def call(i: int) -> Coroutine[Any, Any, object]:
+            kind = i % 4
+            if kind == 0:
+                return ledger.set_status(f"r{i}", "blocked", claim=claims[i])
+            if kind == 1:
+                return ledger.complete_step(f"r{i}", "a", claim=claims[i])
+            if kind == 2:
+                return ledger.complete_step(f"r{i}", "b", claim=claims[i])
+            return ledger.set_status(f"r{i}", "completed", claim=claims[i - 1])
+
+        out = await asyncio.gather(*(call(i) for i in range(40)), return_exceptions=True)
+        assert threading.active_count() <= threads + 1  # the writer's helper at most
+        for i, got in enumerate(out):
+            kind = i % 4
+            if kind == 0:
+                assert isinstance(got, fp.Run), (i, got)
+                assert got.status == "blocked"
+            elif kind == 1:
+                assert isinstance(got, fp.Run), (i, got)
+                assert got.current_step_id == "b"
+            else:
+                # Not the current step, or another run's claim: refused, as called alone.
+                assert isinstance(got, fp.LedgerError), (i, got)
+                alone: Callable[[], object] = (
+                    functools.partial(ledger.ledger.complete_step, f"r{i}", "b", claim=claims[i])
+                    if kind == 2
+                    else functools.partial(
+                        ledger.ledger.set_status, f"r{i}", "completed", claim=claims[i - 1]
+                    )
+                )
+                with pytest.raises(type(got), match=re.escape(str(got))):
+                    alone()
+        assert core.group_stats()["calls"] - before == 40 + 20
+        for i in range(0, 40, 4):
+            assert (await ledger.get_run(f"r{i}")).status == "blocked"
+        await ledger.close()
 
     asyncio.run(main())

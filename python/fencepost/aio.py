@@ -3,22 +3,26 @@
 Results, models and errors are exactly the synchronous ones, and the event loop keeps running
 while the database works:
 
-- ``reserve_attempt(s)``, ``finish_attempt(s)`` and ``heartbeat`` check their arguments at
-  once (a bad one raises before anything is queued), then queue on the ledger's group-commit
-  writer and await an asyncio future, resolved after the commit. No thread is taken per call:
-  calls in flight together share transactions, and thousands of coroutines cost thousands of
-  futures. At most 1024 such calls per ``AsyncLedger`` are queued at a time; the others wait
-  their turn in the event loop.
+- ``reserve_attempt(s)``, ``finish_attempt(s)``, ``heartbeat``, ``set_status`` and
+  ``complete_step`` check their arguments at once (a bad one raises before anything is
+  queued), then queue on the ledger's group-commit writer and await an asyncio future,
+  resolved after the commit. No thread is taken per call: calls in flight together share
+  transactions, and thousands of coroutines cost thousands of futures. At most 1024 such
+  calls per ``AsyncLedger`` are queued at a time; the others wait their turn in the event
+  loop.
 - Every other method runs the blocking method in a worker thread (``asyncio.to_thread``); the
-  Rust core releases the GIL for the whole database transaction.
+  Rust core releases the GIL for the whole database transaction. ``claim`` is among them: it
+  still shares transactions with the others (its thread queues on the same writer), and its
+  thread lets a cancelled claim wait for its outcome and release the lease it took.
 
     async with await fencepost.aio.AsyncLedger.open("fencepost.db") as ledger:
         run = await ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], force=True)
 
 Calls on one ``AsyncLedger`` share its connection, as threads sharing a ``Ledger`` do:
-concurrent reserves, finishes and heartbeats share transactions (group commit); the other
-writes run one transaction at a time. ``close`` lets the queued calls run (within the busy
-timeout) and fails any still queued with ``StoreError``: no awaiting coroutine is left hanging.
+concurrent reserves, finishes, heartbeats, claims, status moves and step completions share
+transactions (group commit); the other writes run one transaction at a time. ``close`` lets
+the queued calls run (within the busy timeout) and fails any still queued with
+``StoreError``: no awaiting coroutine is left hanging.
 
 Cancellation (``task.cancel()``, ``asyncio.wait_for`` or ``asyncio.timeout`` running out)
 cancels the *wait*, not the work. A call already handed to the ledger runs to its end and
@@ -257,7 +261,7 @@ class AsyncLedger:
     find_scope_occupant = _in_thread(Ledger.find_scope_occupant)
     child_runs = _in_thread(Ledger.child_runs)
     steps = _in_thread(Ledger.steps)
-    complete_step = _in_thread(Ledger.complete_step)
+    complete_step = _queued(Ledger.complete_step)
     block_run = _in_thread(Ledger.block_run)
     resume_run = _in_thread(Ledger.resume_run)
     abandon_run = _in_thread(Ledger.abandon_run)
@@ -275,7 +279,7 @@ class AsyncLedger:
     prepare_or_adopt = _in_thread(Ledger.prepare_or_adopt, lease=lambda prep: prep.claim)
     heartbeat = _queued(Ledger.heartbeat)
     release = _in_thread(Ledger.release)
-    set_status = _in_thread(Ledger.set_status)
+    set_status = _queued(Ledger.set_status)
     lease = _in_thread(Ledger.lease)
     expired_leases = _in_thread(Ledger.expired_leases)
     events = _in_thread(Ledger.events)

@@ -144,10 +144,10 @@ class Ledger:
         There ``durability="normal"`` is ``synchronous_commit=off`` and ``"full"`` is ``on``;
         ``busy_timeout_ms`` is the session's ``lock_timeout`` and the retry budget.
 
-        ``group_commit`` (default on): reserves, finishes and heartbeats made concurrently from
-        several threads on this ledger share one transaction (one commit, one sync), each call
-        keeping its own outcome; a call returns after its group commits. ``False`` runs every
-        call in a transaction of its own.
+        ``group_commit`` (default on): reserves, finishes, heartbeats, claims, status moves and
+        step completions made concurrently from several threads (or coroutines) on this ledger
+        share one transaction (one commit, one sync), each call keeping its own outcome; a call
+        returns after its group commits. ``False`` runs every call in a transaction of its own.
         """
         path, url = _parse_target(target)
         if schema is not None and not isinstance(schema, str):

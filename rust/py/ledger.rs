@@ -268,6 +268,7 @@ impl PyLedger {
         steps.into_iter().map(|st| records::step(py, st)).collect()
     }
 
+    #[pyo3(signature = (run_id, step_id, result, claim, *, future=None))]
     fn complete_step<'py>(
         &self,
         py: Python<'py>,
@@ -275,18 +276,18 @@ impl PyLedger {
         step_id: &Bound<'py, PyAny>,
         result: &Bound<'py, PyDict>,
         claim: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+        future: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let run_id = text(run_id, "run_id")?;
         let step_id = text(step_id, "step_id")?;
         let fence = fence_arg(claim)?;
         let result = StepResultArgs::read(result)?;
-        let run = self
-            .submit(py, move |now| {
-                Op::complete_step(run_id, step_id, result.into_result(), fence, now)
-            })?
-            .run()
-            .map_err(|e| to_pyerr(py, e))?;
-        records::run(py, run)
+        self.call(
+            py,
+            future,
+            move |now| Op::complete_step(run_id, step_id, result.into_result(), fence, now),
+            built::run,
+        )
     }
 
     fn block_run<'py>(
@@ -539,21 +540,24 @@ impl PyLedger {
         self.run(py, move |s, now| leases::release(s, &fence, now))
     }
 
+    #[pyo3(signature = (run_id, status, claim, *, future=None))]
     fn set_status<'py>(
         &self,
         py: Python<'py>,
         run_id: &Bound<'py, PyAny>,
         status: &Bound<'py, PyAny>,
         claim: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+        future: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let run_id = text(run_id, "run_id")?;
         let status = text(status, "status")?;
         let (fence, _) = claim_arg(claim)?;
-        let run = self
-            .submit(py, move |now| Op::set_status(run_id, &status, fence, now))?
-            .run()
-            .map_err(|e| to_pyerr(py, e))?;
-        records::run(py, run)
+        self.call(
+            py,
+            future,
+            move |now| Op::set_status(run_id, &status, fence, now),
+            built::run,
+        )
     }
 
     fn lease<'py>(
@@ -641,5 +645,10 @@ mod built {
     pub(super) fn claim(py: Python<'_>, out: Output) -> PyResult<Bound<'_, PyAny>> {
         let claim = out.claim().map_err(|e| to_pyerr(py, e))?;
         records::claim(py, claim)
+    }
+
+    pub(super) fn run(py: Python<'_>, out: Output) -> PyResult<Bound<'_, PyAny>> {
+        let run = out.run().map_err(|e| to_pyerr(py, e))?;
+        records::run(py, run)
     }
 }

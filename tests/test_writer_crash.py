@@ -33,9 +33,7 @@ def _log(fd: int, *fields: object) -> None:
     os.write(fd, ("\t".join(str(f) for f in fields) + "\n").encode())
 
 
-def _thread(
-    ledger: fp.Ledger, claim: fp.Claim, t: int, seed: int, fd: int, ready: Any
-) -> None:
+def _thread(ledger: fp.Ledger, claim: fp.Claim, t: int, seed: int, fd: int, ready: Any) -> None:
     rnd = random.Random(seed * 100 + t)
     run_id = claim.run_id
     try:

@@ -155,6 +155,10 @@ def _kill_cycles(target: str, tmp_path: pathlib.Path, kills: int, seed: int) -> 
     with fp.Ledger.open(target) as ledger:
         res = ledger.reserve_attempt(run_id, "u0", step_id="build", claim=claim)
         assert res.kind in ("reserved", "reclaimed")
+        stats = ledger._core.group_stats()
+    # One group of one call: its time in the transaction is the whole total and the maximum.
+    assert (stats["groups"], stats["calls"]) == (1, 1)
+    assert 0 < stats["hold_us_total"] == stats["hold_us_max"]
 
 
 @pytest.mark.crash

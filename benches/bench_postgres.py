@@ -2,7 +2,9 @@
 the same server in the same run: fencepost's reserve + finish per unit vs pgqueuer's enqueue +
 dequeue + complete per job, one at a time and in batches, at both durabilities
 (fencepost ``normal`` = ``synchronous_commit=off``, pgqueuer given the same session setting;
-``full`` = ``on`` for both). Then claim cost and claim throughput with 1, 2, 4 and 8 processes.
+``full`` = ``on`` for both). Then claim cost and claim throughput with 1, 2, 4 and 8 processes,
+and 1 and 4 dispatcher processes of 16 callers each on one run, with how long their groups
+hold the run's lock.
 The hot-path and controller suites (bench_attempts.py, bench_claims.py) run on PostgreSQL too,
 as impl ``fencepost-postgres``. Every schema is fresh and dropped afterwards."""
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -211,3 +214,115 @@ def bench_pg_claim_throughput(benchmark: Any, procs: int) -> None:
         client_cpu_share=round(out["client_cpu_share"], 3), ops=1,
     )  # fmt: skip
     assert out["busy"] == 0
+
+
+# ------------------------------------------------------------------ dispatchers on one run
+
+DISPATCH_THREADS = 16
+DISPATCH_UNITS = 60  # per thread: a fixed amount of work, ~1 s per round at 2 000 units/s
+
+
+def _dispatcher(
+    i: int, url: str, run_id: str, threads: int, per: int, start: Any, queue: Any
+) -> None:
+    """One dispatcher process: ``threads`` threads on one Ledger, each reserving and finishing
+    its own units one at a time; puts its group_stats and CPU seconds on the queue."""
+    with fp.Ledger.open(url) as ledger:
+        failed: list[BaseException] = []
+
+        def work(t: int) -> None:
+            try:
+                for k in range(per):
+                    unit = f"p{i}-t{t}-{k}"
+                    r = ledger.reserve_attempt(run_id, unit, step_id="s")
+                    assert ledger.finish_attempt(
+                        run_id, unit, r.attempt, r.dispatch_id, status="completed"
+                    )
+            except BaseException as e:  # reported to the bench below
+                failed.append(e)
+
+        ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        start.wait()
+        cpu = time.process_time()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        cpu = time.process_time() - cpu
+        stats = ledger._core.group_stats()
+    queue.put((i, repr(failed[0]) if failed else None, stats, cpu))
+
+
+def dispatch_throughput(url: str, procs: int, threads: int, per: int) -> dict[str, Any]:
+    """Units/s of ``procs`` processes x ``threads`` callers reserving and finishing units in
+    one run, from the common start to the last process's end, and each process's writer
+    figures: calls per group, and the time a group spends in its transaction (which on one run
+    is the time it holds, or waits for, the run's lock)."""
+    with fp.Ledger.open(url) as ledger:
+        run_id = _run(ledger)
+    start = CTX.Barrier(procs + 1)
+    queue = CTX.Queue()
+    ps = [
+        CTX.Process(target=_dispatcher, args=(i, url, run_id, threads, per, start, queue))
+        for i in range(procs)
+    ]
+    for p in ps:
+        p.start()
+    start.wait()
+    t0 = time.monotonic()
+    busy0, total0 = _cpu_ticks()
+    results = sorted(queue.get(timeout=120) for _ in ps)
+    wall = time.monotonic() - t0
+    busy1, total1 = _cpu_ticks()
+    for p in ps:
+        p.join(60)
+        assert p.exitcode == 0
+    assert [r[1] for r in results] == [None] * procs, results
+    units = procs * threads * per
+    with fp.Ledger.open(url) as ledger:
+        assert ledger.accounting(run_id).total_attempts == units
+    per_proc = []
+    for _, _, stats, cpu in results:
+        groups = max(1, stats["groups"])
+        assert stats["calls"] == 2 * threads * per  # every reserve and finish went through
+        per_proc.append(
+            {
+                "mean_group": round(stats["calls"] / groups, 2),
+                "max_group": stats["max_group"],
+                "hold_us_mean": round(stats["hold_us_total"] / groups),
+                "hold_us_max": stats["hold_us_max"],
+                "cpu_s": round(cpu, 3),
+            }
+        )
+    return {
+        "wall": wall,
+        "units": units,
+        "cpu_busy": round((busy1 - busy0) / max(1, total1 - total0), 3),
+        "per_process": per_proc,
+    }
+
+
+@pytest.mark.parametrize("procs", [1, 4])
+def bench_pg_dispatchers_one_run(benchmark: Any, procs: int) -> None:
+    """``procs`` dispatcher processes x 16 callers, each process its own Ledger, all on the
+    same schema and the same run (durability normal). A group takes the run's lock once, so
+    more processes should not collapse the rate: the 4-process figure is compared with the
+    1-process one, with how long each process's groups hold the lock."""
+    group = f"postgres normal: {DISPATCH_THREADS} callers per process, all on one run"
+    impl = f"fencepost {procs}x{DISPATCH_THREADS}"
+    label(benchmark, group, impl, procs * DISPATCH_THREADS * DISPATCH_UNITS)
+    out: dict[str, Any] = {}
+    with pg_schema() as schema_url:
+        url = plaintext(schema_url)
+
+        def go() -> None:
+            out.update(dispatch_throughput(url, procs, DISPATCH_THREADS, DISPATCH_UNITS))
+
+        benchmark.pedantic(go, rounds=1, iterations=1)
+    benchmark.extra_info.update(
+        procs=procs,
+        callers_per_process=DISPATCH_THREADS,
+        dispatch_units_per_s=round(out["units"] / out["wall"]),
+        cpu_busy=out["cpu_busy"],
+        per_process=out["per_process"],
+    )

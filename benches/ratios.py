@@ -52,7 +52,34 @@ def main(path: str) -> int:
                 f"| {info['client_cpu_share']:.0%} |"
             )
     concurrency([b["extra_info"] for b in data["benchmarks"] if "units_per_s" in b["extra_info"]])
+    dispatchers(
+        [b["extra_info"] for b in data["benchmarks"] if "dispatch_units_per_s" in b["extra_info"]]
+    )
     return 0
+
+
+def dispatchers(rows: list[dict[str, Any]]) -> None:
+    """Dispatcher processes on one PostgreSQL run (bench_postgres.py): units/s, the ratio to
+    one process, and per process the calls per group and the time a group spends in its
+    transaction (holding or waiting for the run's lock), mean and max."""
+    if not rows:
+        return
+    one = next((r["dispatch_units_per_s"] for r in rows if r["procs"] == 1), None)
+    print()
+    print(
+        "| dispatchers | units/s | vs 1 process | machine CPU busy "
+        "| calls per group | group in transaction, mean / max µs |"
+    )
+    print("|---|--:|--:|--:|--|--|")
+    for info in sorted(rows, key=lambda r: r["procs"]):
+        rate = info["dispatch_units_per_s"]
+        procs = info["per_process"]
+        groups = ", ".join(str(p["mean_group"]) for p in procs)
+        holds = ", ".join(f"{p['hold_us_mean']} / {p['hold_us_max']}" for p in procs)
+        vs_one = f"{rate / one:.2f}x" if one else ""
+        print(
+            f"| {info['impl']} | {rate} | {vs_one} | {info['cpu_busy']:.0%} | {groups} | {holds} |"
+        )
 
 
 def concurrency(rows: list[dict[str, Any]]) -> None:

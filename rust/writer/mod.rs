@@ -67,6 +67,9 @@ struct Stats {
     calls: AtomicU64,
     max_group: AtomicU64,
     fallbacks: AtomicU64,
+    /// Time groups spend in `run_group`, holding the store (and its run locks), in ns.
+    hold_ns_total: AtomicU64,
+    hold_ns_max: AtomicU64,
 }
 
 enum State {
@@ -314,7 +317,14 @@ impl Writer {
         let ran = catch_unwind(AssertUnwindSafe(|| {
             let mut store = lock(&self.store);
             match store.as_mut() {
-                Some(store) => run_group(store.as_mut(), &ops),
+                Some(store) => {
+                    let start = Instant::now();
+                    let ran = run_group(store.as_mut(), &ops);
+                    let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    self.stats.hold_ns_total.fetch_add(ns, Ordering::Relaxed);
+                    self.stats.hold_ns_max.fetch_max(ns, Ordering::Relaxed);
+                    ran
+                }
                 None => (
                     ops.iter().map(|_| Err(closed())).collect(),
                     Outcome::default(),
@@ -449,14 +459,20 @@ impl Writer {
         }
     }
 
-    /// `(groups, calls, max_group, fallbacks)` since the writer opened.
-    pub fn stats(&self) -> [(&'static str, u64); 4] {
+    /// `(groups, calls, max_group, fallbacks, hold_us_total, hold_us_max)` since the writer
+    /// opened; `hold_us_*` is the time groups spent in their transaction, in µs.
+    pub fn stats(&self) -> [(&'static str, u64); 6] {
         let s = &self.stats;
         [
             ("groups", s.groups.load(Ordering::Relaxed)),
             ("calls", s.calls.load(Ordering::Relaxed)),
             ("max_group", s.max_group.load(Ordering::Relaxed)),
             ("fallbacks", s.fallbacks.load(Ordering::Relaxed)),
+            (
+                "hold_us_total",
+                s.hold_ns_total.load(Ordering::Relaxed) / 1000,
+            ),
+            ("hold_us_max", s.hold_ns_max.load(Ordering::Relaxed) / 1000),
         ]
     }
 }

@@ -24,6 +24,8 @@
 
 mod errors;
 mod pipeline;
+#[cfg(test)]
+mod savepoint_tests;
 mod sql;
 mod target;
 mod tls;

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::params;
-use crate::store::{Durability, Sql, Store};
+use crate::store::{Durability, FailureScope, Savepoint, Sql, Store};
 
 fn temp_path(name: &str) -> String {
     let dir = std::env::temp_dir().join(format!(
@@ -251,4 +251,96 @@ fn a_failing_migration_rolls_back() {
         .query_row("SELECT count(*) FROM schema_migrations", [], |r| r.get(0))
         .unwrap();
     assert_eq!(rows, 0);
+}
+
+// ------------------------------------------------------------------ savepoints of a group
+
+const INSERT_BLOB: Sql =
+    Sql::same("INSERT INTO blobs(digest, bytes, created_at) VALUES (?1, x'00', ?2)");
+const TOUCH_BLOB: Sql = Sql::same("UPDATE blobs SET created_at = ?2 WHERE digest = ?1");
+
+fn blob_digest(c: char) -> String {
+    format!("sha256:{}", c.to_string().repeat(64))
+}
+
+/// `(digest, created_at)` of every blob, as `tx` sees them.
+fn blobs(tx: &dyn crate::store::Tx) -> Vec<(String, i64)> {
+    tx.rows(
+        &Sql::same("SELECT digest, created_at FROM blobs ORDER BY digest"),
+        params![],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .unwrap()
+}
+
+#[test]
+fn an_undone_call_leaves_its_neighbours_and_nothing_of_its_own() {
+    let mut store = crate::store::testing::sqlite_memory();
+    let (a, b, c) = (blob_digest('a'), blob_digest('b'), blob_digest('c'));
+    store
+        .write("testing", |tx| {
+            tx.savepoint(Savepoint::Begin)?;
+            tx.exec(&INSERT_BLOB, params![a, 1_i64])?;
+            tx.savepoint(Savepoint::Release)?;
+
+            // The refused call rewrites its neighbour's row, adds its own, then fails.
+            tx.savepoint(Savepoint::Begin)?;
+            tx.exec(&TOUCH_BLOB, params![a, 2_i64])?;
+            tx.exec(&INSERT_BLOB, params![b, 2_i64])?;
+            let err = tx
+                .exec_raw(&INSERT_BLOB, params!["not a digest", 2_i64])
+                .unwrap_err();
+            assert!(matches!(err.kind, DbErrorKind::Other), "{err:?}");
+            assert_eq!(tx.failure_scope(), FailureScope::Call);
+            tx.savepoint(Savepoint::Undo)?;
+            // Undone to where its savepoint began: the first call's row as that call left it.
+            assert_eq!(blobs(tx), vec![(a.clone(), 1)]);
+
+            tx.savepoint(Savepoint::Begin)?;
+            tx.exec(&INSERT_BLOB, params![c, 3_i64])?;
+            tx.savepoint(Savepoint::Release)?;
+            Ok(())
+        })
+        .unwrap();
+    let after = store.read("reading", |tx| Ok(blobs(tx))).unwrap();
+    assert_eq!(after, vec![(a, 1), (c, 3)]);
+}
+
+#[test]
+fn a_released_call_commits_and_the_savepoint_name_is_reusable() {
+    let mut store = crate::store::testing::sqlite_memory();
+    let digests: Vec<String> = "defg".chars().map(blob_digest).collect();
+    store
+        .write("testing", |tx| {
+            // Many calls in a row reuse the one savepoint name; none nests in another.
+            for (i, d) in digests.iter().enumerate() {
+                tx.savepoint(Savepoint::Begin)?;
+                tx.exec(&INSERT_BLOB, params![d, i64::try_from(i).unwrap()])?;
+                tx.savepoint(Savepoint::Release)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let after = store.read("reading", |tx| Ok(blobs(tx))).unwrap();
+    let want: Vec<(String, i64)> = digests.into_iter().zip(0..).collect();
+    assert_eq!(after, want);
+}
+
+#[test]
+fn undoing_every_call_commits_nothing() {
+    let mut store = crate::store::testing::sqlite_memory();
+    store
+        .write("testing", |tx| {
+            for c in ['h', 'i'] {
+                tx.savepoint(Savepoint::Begin)?;
+                tx.exec(&INSERT_BLOB, params![blob_digest(c), 0_i64])?;
+                tx.savepoint(Savepoint::Undo)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert!(store
+        .read("reading", |tx| Ok(blobs(tx)))
+        .unwrap()
+        .is_empty());
 }

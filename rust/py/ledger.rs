@@ -115,7 +115,9 @@ impl PyLedger {
         }
     }
 
-    /// The writer's counts since open: `groups`, `calls`, `max_group`, `fallbacks`.
+    /// The writer's counts since open: `groups`, `calls`, `max_group`, `fallbacks`, and the
+    /// time groups spent in their transaction (on PostgreSQL including waits for run locks
+    /// other sessions hold), `hold_us_total` and `hold_us_max`.
     fn group_stats(&self) -> std::collections::HashMap<&'static str, u64> {
         self.writer
             .as_ref()

@@ -79,11 +79,11 @@ fn distinct(units: &[UnitSpec]) -> bool {
 }
 
 /// A row's place in a set-based batch statement, from 1 (revisions follow it).
-fn ord(index: usize) -> i64 {
+pub(crate) fn ord(index: usize) -> i64 {
     i64::try_from(index).map_or(i64::MAX, |i| i + 1)
 }
 
-fn opt_str(v: Option<&String>) -> Value {
+pub(crate) fn opt_str(v: Option<&String>) -> Value {
     v.map_or(Value::Null, |s| Value::Str(s.clone()))
 }
 
@@ -181,7 +181,12 @@ fn reserve_set(
 }
 
 /// The `unit.started` payload of a new attempt.
-fn started_payload(run_id: &str, u: &UnitSpec, attempt: i64, dispatch_id: &str) -> Value {
+pub(crate) fn started_payload(
+    run_id: &str,
+    u: &UnitSpec,
+    attempt: i64,
+    dispatch_id: &str,
+) -> Value {
     Value::Object(vec![
         ("attempt".into(), Value::Int(attempt)),
         ("dispatch_id".into(), Value::Str(dispatch_id.to_owned())),
@@ -485,7 +490,7 @@ fn finish_set(
 /// The `unit.finished` payload: the reason only when there is one, tokens only when known.
 /// Results and session ids stay out of the log: the attempt row holds them, and the log, which
 /// every watcher of the run reads, stays small and carries no agent's session.
-fn finished_payload(f: &FinishSpec, step_id: Option<String>, phase: String) -> Value {
+pub(crate) fn finished_payload(f: &FinishSpec, step_id: Option<String>, phase: String) -> Value {
     let mut payload = vec![
         ("attempt".into(), Value::Int(f.attempt)),
         ("dispatch_id".into(), Value::Str(f.dispatch_id.clone())),

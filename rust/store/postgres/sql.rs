@@ -56,6 +56,11 @@ pub static BATCH: BatchStatements = BatchStatements {
     reserve_attempts: Sql::native(RESERVE_ATTEMPTS_SET_SQL),
     running_attempts: Sql::native(RUNNING_ATTEMPTS_SQL),
     finish_attempts: Sql::native(FINISH_ATTEMPTS_SET_SQL),
+    group_runs: Sql::native(GROUP_RUNS_SQL),
+    latest_attempts_group: Sql::native(LATEST_ATTEMPTS_GROUP_SQL),
+    reserve_group: Sql::native(RESERVE_GROUP_SQL),
+    finish_group: Sql::native(FINISH_GROUP_SQL),
+    heartbeat_group: Sql::native(HEARTBEAT_GROUP_SQL),
 };
 
 /// The latest attempt of each of a batch's units (PostgreSQL batch path).
@@ -179,6 +184,131 @@ pub const FINISH_ATTEMPTS_SET_SQL: &str = "WITH x AS (
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM u), (SELECT count(*) FROM e)";
+
+// ------------------------------------------------------------------ groups
+
+/// What a group of calls needs to know of each of its runs, in one statement: the run's state
+/// (as `RUN_STATUS_SQL` reads it), and its lease's fence (generation, token hash, expiry, owner). A run
+/// without a row is missing from the answer; a run never claimed has NULL lease columns.
+pub const GROUP_RUNS_SQL: &str =
+    "SELECT r.run_id, r.status, r.current_step_id, r.scope_key, r.workflow_ref, l.generation,
+        l.token_hash, l.expires_at, l.owner_type, l.owner_id
+    FROM json_array_elements_text(CAST(?1 AS TEXT)::json) AS x(run_id)
+    JOIN runs r ON r.run_id = x.run_id
+    LEFT JOIN leases l ON l.resource_id = x.run_id";
+
+/// The latest attempt of each (run, unit) of a group's reservations, over many runs (see
+/// [`LATEST_ATTEMPTS_SQL`] for why `LATERAL`).
+pub const LATEST_ATTEMPTS_GROUP_SQL: &str =
+    "SELECT x.run_id, x.unit_id, l.attempt, l.dispatch_id, l.status, l.step_id, l.input_hash
+    FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS x(run_id TEXT, unit_id TEXT)
+    CROSS JOIN LATERAL (
+        SELECT attempt, dispatch_id, status, step_id, input_hash FROM attempts
+        WHERE run_id = x.run_id AND unit_id = x.unit_id ORDER BY attempt DESC LIMIT 1) l";
+
+/// Every new attempt of a group in one statement: [`RESERVE_ATTEMPTS_SET_SQL`] over many runs,
+/// each row carrying its run, actor, generation and time, since the calls of a group each have
+/// their own. Revisions continue per run from its newest, in the rows' order (`ord`), so they
+/// are the ones the calls would take one by one in that order. No (run, unit) appears twice
+/// (the upsert cannot touch one row twice in a statement): the caller sends a unit's second
+/// reservation down the one-by-one path. Returns the rows each part wrote (units, attempts,
+/// events); the caller refuses unless all three equal the rows sent.
+pub const RESERVE_GROUP_SQL: &str = concat!(
+    "WITH x AS (
+        SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
+            run_id TEXT, unit_id TEXT, step_id TEXT, node_id TEXT, parent_unit_id TEXT,
+            phase TEXT, runner TEXT, engine TEXT, model TEXT, input_hash TEXT,
+            worktree_path TEXT, holder TEXT, attempt BIGINT, dispatch_id TEXT, payload TEXT,
+            actor_type TEXT, actor_id TEXT, generation BIGINT, ts BIGINT, ord BIGINT)
+    ), u AS (
+        INSERT INTO units(run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner,
+            engine, model, input_hash, worktree_path, status, claim_holder, attempts,
+            first_started_at, started_at)
+        SELECT run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model,
+            input_hash, worktree_path, 'running', holder, attempt, ts, ts FROM x
+",
+    units_reserve_upsert!(),
+    "
+        RETURNING 1
+    ), a AS (
+        INSERT INTO attempts(run_id, unit_id, attempt, dispatch_id, step_id, node_id, phase,
+            input_hash, status, holder, lease_generation, started_at)
+        SELECT run_id, unit_id, attempt, dispatch_id, step_id, node_id, phase, input_hash,
+            'running', holder, generation, ts FROM x
+        RETURNING 1
+    ), e AS (
+        INSERT INTO events(resource_id, revision, type, actor_type, actor_id, generation,
+            payload, ts)
+        SELECT x.run_id,
+            coalesce(b.r, 0) + row_number() OVER (PARTITION BY x.run_id ORDER BY x.ord),
+            'unit.started', x.actor_type, x.actor_id, x.generation, x.payload, x.ts
+        FROM x LEFT JOIN (
+            SELECT d.run_id,
+                (SELECT max(revision) FROM events WHERE resource_id = d.run_id) AS r
+            FROM (SELECT DISTINCT run_id FROM x) d
+        ) b ON b.run_id = x.run_id
+        ORDER BY x.ord
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM a), (SELECT count(*) FROM e)"
+);
+
+/// Every winning finish of a group in one statement: [`FINISH_ATTEMPTS_SET_SQL`] with each
+/// row's own actor, generation and time. Same compare-and-set, same counts returned.
+pub const FINISH_GROUP_SQL: &str = "WITH x AS (
+        SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
+            run_id TEXT, unit_id TEXT, attempt BIGINT, dispatch_id TEXT, status TEXT,
+            result TEXT, tokens BIGINT, failure_reason TEXT, session_id TEXT, payload TEXT,
+            actor_type TEXT, actor_id TEXT, generation BIGINT, ts BIGINT, ord BIGINT)
+    ), fa AS (
+        SELECT x.*, a.tid FROM x CROSS JOIN LATERAL (
+            SELECT ctid AS tid FROM attempts
+            WHERE dispatch_id = x.dispatch_id AND run_id = x.run_id AND unit_id = x.unit_id
+              AND attempt = x.attempt AND status = 'running'
+            OFFSET 0) a
+    ), f AS (
+        UPDATE attempts a SET status = fa.status, result = fa.result, tokens = fa.tokens,
+            failure_reason = fa.failure_reason, session_id = fa.session_id, finished_at = fa.ts
+        FROM fa WHERE a.ctid = fa.tid
+        RETURNING 1
+    ), fu AS (
+        SELECT x.*, n.tid FROM x CROSS JOIN LATERAL (
+            SELECT ctid AS tid FROM units
+            WHERE run_id = x.run_id AND unit_id = x.unit_id AND attempts = x.attempt
+              AND status = 'running'
+            OFFSET 0) n
+    ), u AS (
+        UPDATE units n SET status = fu.status, result = fu.result, tokens = fu.tokens,
+            failure_reason = fu.failure_reason, session_id = fu.session_id, finished_at = fu.ts
+        FROM fu WHERE n.ctid = fu.tid
+        RETURNING 1
+    ), e AS (
+        INSERT INTO events(resource_id, revision, type, actor_type, actor_id, generation,
+            payload, ts)
+        SELECT x.run_id,
+            coalesce(b.r, 0) + row_number() OVER (PARTITION BY x.run_id ORDER BY x.ord),
+            'unit.finished', x.actor_type, x.actor_id, x.generation, x.payload, x.ts
+        FROM x LEFT JOIN (
+            SELECT d.run_id,
+                (SELECT max(revision) FROM events WHERE resource_id = d.run_id) AS r
+            FROM (SELECT DISTINCT run_id FROM x) d
+        ) b ON b.run_id = x.run_id
+        ORDER BY x.ord
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM u), (SELECT count(*) FROM e)";
+
+/// Every renewed lease of a group in one statement, one row per run (the last heartbeat of a
+/// run in the group: what one by one leaves). The WHERE repeats the generation and token the
+/// caller already judged, so a row that does not match is missing from the count and the group
+/// is refused. Not the expiry: an earlier heartbeat of the group may be what keeps it live.
+pub const HEARTBEAT_GROUP_SQL: &str =
+    "UPDATE leases l SET heartbeat_at = x.heartbeat_at, expires_at = x.expires_at
+    FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS x(
+        run_id TEXT, generation BIGINT, token_hash TEXT, heartbeat_at BIGINT, expires_at BIGINT)
+    WHERE l.resource_id = x.run_id AND l.generation = x.generation
+      AND l.token_hash = x.token_hash
+    RETURNING 1";
 
 // ------------------------------------------------------------------ opening and migrating
 

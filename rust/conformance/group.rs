@@ -57,8 +57,13 @@ fn prepare(store: &mut dyn Store, setup: &[Op]) -> (Fence, Fence) {
 /// Everything the calls can have written: per run, its events (without the global cursor,
 /// which a rolled-back insert may have advanced on PostgreSQL), units, attempts and lease.
 fn rows(store: &mut dyn Store) -> Vec<String> {
+    rows_of(store, &["r1", "r2", "r3"])
+}
+
+/// [`rows`] of the runs `runs`.
+fn rows_of(store: &mut dyn Store, runs: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
-    for run in ["r1", "r2", "r3"] {
+    for &run in runs {
         let evs: Vec<Event> = events::read(store, Some(run), 0, 1000, None).expect("events");
         for e in evs {
             out.push(format!(
@@ -118,6 +123,16 @@ fn compare(
     twin: &mut dyn Store,
     group: &[Op],
 ) -> (Vec<Result<Output>>, Outcome) {
+    compare_on(store, twin, group, &["r1", "r2", "r3"])
+}
+
+/// [`compare`], with the rows and events of `runs`.
+fn compare_on(
+    store: &mut dyn Store,
+    twin: &mut dyn Store,
+    group: &[Op],
+    runs: &[&str],
+) -> (Vec<Result<Output>>, Outcome) {
     let ops: Vec<&Op> = group.iter().collect();
     let (grouped, outcome) = run_group(store, &ops);
     let mut order = outcome.order.clone();
@@ -134,7 +149,7 @@ fn compare(
     for (i, (g, a)) in grouped.iter().zip(&alone).enumerate() {
         assert_eq!(Some(g), a.as_ref(), "call {i} ({:?})", group[i]);
     }
-    assert_eq!(rows(store), rows(twin));
+    assert_eq!(rows_of(store, runs), rows_of(twin, runs));
     (grouped, outcome)
 }
 
@@ -218,4 +233,250 @@ pub(super) fn a_failing_call_keeps_its_neighbours(store: &mut dyn Store) {
         .map(|e| e.event_type)
         .collect();
     assert!(!types.iter().any(|t| t == "test.poison"), "{types:?}");
+}
+
+/// A seeded xorshift64: the same draws on every run of the test, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        usize::try_from(self.0 % (n as u64)).expect("small")
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+/// The runs of a random round: `p0` claimed twice (a stale and a live fence), `p1` claimed
+/// once, `p2` blocked, `p3` unclaimed, and `px`, which does not exist.
+const RUNS: [&str; 5] = ["p0", "p1", "p2", "p3", "px"];
+
+/// The same runs, claims and attempts on `store` as on every ledger given the same `setup`:
+/// the fences (with their tokens), and the attempts the setup reserved (run, unit, attempt,
+/// dispatch id).
+fn prepare_random(
+    store: &mut dyn Store,
+    setup: &[Op],
+    finished: &[Op],
+) -> Vec<(Option<Fence>, String)> {
+    for run in &RUNS[..4] {
+        started(store, run);
+    }
+    runs::block_run(store, "p2", None, T0).expect("block");
+    let stale = claim(store, "p0", &"a".repeat(40), T0);
+    let live = claim(store, "p0", &"b".repeat(40), T0 + 1);
+    let other = claim(store, "p1", &"c".repeat(40), T0);
+    for op in setup.iter().chain(finished) {
+        run_group(store, &[op]).0.remove(0).expect("setup call");
+    }
+    vec![
+        (None, String::new()),
+        (Some(fence_of(&stale)), stale.token),
+        (Some(fence_of(&live)), live.token),
+        (Some(fence_of(&other)), other.token),
+    ]
+}
+
+/// One random group of `size` calls, grouped on one fresh ledger and one by one (in the order
+/// the group applied them) on another.
+/// How many calls reserved, finished (one winning finish), renewed, lost their lease.
+fn random_round(store: &mut dyn Store, twin: &mut dyn Store, seed: u64, size: usize) -> [usize; 4] {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let units = ["u0", "u1", "u2", "u3", "u4", "u5"];
+    let setup = [
+        reserve("p0", vec![unit("u0"), unit("u1"), unit("u2")], None, T0 + 2),
+        reserve("p1", vec![unit("u0"), unit("u1")], None, T0 + 2),
+        reserve("p3", vec![unit("u0"), unit("u1")], None, T0 + 2),
+    ];
+    // Known attempts: (run, unit, attempt, dispatch id); the setup finishes the second unit of
+    // every run, so some of the group's reservations make attempt 2.
+    let mut known: Vec<(String, String, i64, String)> = Vec::new();
+    for op in &setup {
+        if let Op::Reserve {
+            run_id,
+            units,
+            dispatch_ids,
+            ..
+        } = op
+        {
+            for (u, d) in units.iter().zip(dispatch_ids) {
+                known.push((run_id.clone(), u.unit_id.clone(), 1, d.clone()));
+            }
+        }
+    }
+    let finished: Vec<Op> = known
+        .iter()
+        .filter(|k| k.1 == "u1")
+        .map(|(r, u, a, d)| Op::finish(vec![finish(r, u, *a, d)], None, T0 + 3).expect("finish"))
+        .collect();
+    let fences = prepare_random(store, &setup, &finished);
+    prepare_random(twin, &setup, &finished);
+    // The live lease of p0 ends at T0 + 1 + LEASE_MS: the clocks fall before it, just before
+    // it (a heartbeat then keeps it live for later calls), after it, and far after.
+    let clocks = [
+        T0 + 10,
+        T0 + LEASE_MS - 1,
+        T0 + LEASE_MS + 5,
+        T0 + 3 * LEASE_MS,
+    ];
+    let mut group = Vec::with_capacity(size);
+    // Mostly the fence of the call's own run (none for an unclaimed run), sometimes any.
+    let fence_for = |rng: &mut Rng, run: &str| -> (Option<Fence>, String) {
+        let own = match run {
+            "p0" => &fences[1 + rng.below(2)],
+            "p1" => &fences[3],
+            _ => &fences[0],
+        };
+        if rng.below(4) == 0 {
+            rng.pick(&fences).clone()
+        } else {
+            own.clone()
+        }
+    };
+    for _ in 0..size {
+        let now = if rng.below(2) == 0 {
+            clocks[0]
+        } else {
+            *rng.pick(&clocks)
+        };
+        let run = *rng.pick(&RUNS);
+        let (fence, token) = fence_for(&mut rng, run);
+        let op = match rng.below(3) {
+            0 => {
+                // A stale or live fence, or one of another run, renewed at any clock.
+                let (fence, token) = match fence {
+                    Some(f) => (f, token),
+                    None => (fences[1].0.clone().expect("a fence"), fences[1].1.clone()),
+                };
+                Op::heartbeat(fence, token, LEASE_MS, now).expect("heartbeat op")
+            }
+            1 => {
+                // The attempts of one run, mostly (a claim names one run).
+                let mine: Vec<_> = known.iter().filter(|k| k.0 == run).cloned().collect();
+                let pool = if mine.is_empty() || rng.below(5) == 0 {
+                    &known
+                } else {
+                    &mine
+                };
+                let n = 1 + rng.below(2);
+                let finishes: Vec<_> = (0..n)
+                    .map(|_| {
+                        let (r, u, a, d) = rng.pick(pool).clone();
+                        let mut f = match rng.below(6) {
+                            0 => finish(&r, &u, a, "wrong-dispatch"),
+                            1 => finish(&r, &u, a + 1, &d),
+                            2 => finish(&r, "u9", 1, &d),
+                            _ => finish(&r, &u, a, &d),
+                        };
+                        if rng.below(3) == 0 {
+                            f.status = "failed".into();
+                            f.failure_reason = Some("boom".into());
+                        }
+                        f
+                    })
+                    .collect();
+                Op::finish(finishes, fence, now).expect("finish op")
+            }
+            _ => {
+                let n = 1 + rng.below(3);
+                let us = (0..n)
+                    .map(|_| {
+                        let u = *rng.pick(&units);
+                        if rng.below(5) == 0 {
+                            on_step(u, "b")
+                        } else {
+                            unit(u)
+                        }
+                    })
+                    .collect();
+                Op::reserve(run.into(), us, fence, now).expect("reserve op")
+            }
+        };
+        group.push(op);
+    }
+    let (out, outcome) = compare_on(store, twin, &group, &RUNS[..4]);
+    assert!(
+        !outcome.fell_back,
+        "seed {seed}: every refusal stays with its call"
+    );
+    assert_eq!(out.len(), size);
+    out.iter()
+        .map(|o| match o {
+            Ok(Output::Reservations(r)) if !r.is_empty() => [1, 0, 0, 0],
+            Ok(Output::Finished(f)) if f.contains(&true) => [0, 1, 0, 0],
+            Ok(Output::Claim(_)) => [0, 0, 1, 0],
+            Err(LedgerError::LeaseLost { .. }) => [0, 0, 0, 1],
+            _ => [0; 4],
+        })
+        .fold([0; 4], |acc, x| std::array::from_fn(|i| acc[i] + x[i]))
+}
+
+/// Random groups of every size up to 32, each on two fresh ledgers of `store`'s backend.
+pub(super) fn random_groups_match_one_by_one(store: &mut dyn Store) {
+    let sizes = [2, 5, 8, 16, 24, 32, 32, 32, 32, 32, 32, 32];
+    let mut seen = [0; 4];
+    for (seed, size) in (1..).zip(sizes) {
+        let (mut a, _keep_a) = twin(store);
+        let (mut b, _keep_b) = twin(store);
+        let counts = random_round(a.as_mut(), b.as_mut(), seed, size);
+        seen = std::array::from_fn(|i| seen[i] + counts[i]);
+    }
+    // The draws reach every outcome: reservations, winning finishes, renewals, lost leases.
+    assert!(seen.iter().all(|&n| n > 0), "{seen:?}");
+}
+
+/// Round trips a grouped call waited for on this thread so far (0 on SQLite).
+fn round_trips(store: &mut dyn Store) -> u64 {
+    store
+        .read("counting round trips", |tx| Ok(tx.round_trips()))
+        .expect("round trips")
+}
+
+/// On PostgreSQL a group of reservations costs a bounded number of round trips, whatever its
+/// size: one read, one write, the commit.
+pub(super) fn merged_reserves_take_few_round_trips(store: &mut dyn Store) {
+    if store.pragmas().expect("pragmas").journal_mode != "postgresql" {
+        return;
+    }
+    started(store, "r1");
+    let mut spent = Vec::new();
+    for (round, size) in [(0, 16), (1, 16), (2, 32)] {
+        let group: Vec<Op> = (0..size)
+            .map(|i| reserve("r1", vec![unit(&format!("u{round}-{i}"))], None, T0 + 10))
+            .collect();
+        let ops: Vec<&Op> = group.iter().collect();
+        let before = round_trips(store);
+        let (out, outcome) = run_group(store, &ops);
+        spent.push(round_trips(store) - before);
+        assert!(out.iter().all(Result::is_ok), "{out:?}");
+        assert!(!outcome.fell_back);
+    }
+    // The first group also prepares its statements; after that, 3 (read, write, commit).
+    assert!(
+        spent[1] <= 4 && spent[2] == spent[1],
+        "round trips per group: {spent:?}"
+    );
+}
+
+#[test]
+fn random_groups_match_one_by_one_on_sqlite() {
+    random_groups_match_one_by_one(store::testing::sqlite_memory().as_mut());
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn random_groups_match_one_by_one_on_postgres() {
+    let (mut store, _schema) = store::testing::postgres_fresh();
+    random_groups_match_one_by_one(store.as_mut());
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn merged_reserves_take_few_round_trips_on_postgres() {
+    let (mut store, _schema) = store::testing::postgres_fresh();
+    merged_reserves_take_few_round_trips(store.as_mut());
 }

@@ -148,19 +148,17 @@ impl Sql {
 pub struct BatchStatements {
     /// The latest attempt of each of a run's units.
     pub latest_attempts: Sql,
-    /// Every new attempt of a batch: unit projections, attempt rows and `unit.started` events.
-    pub reserve_attempts: Sql,
     /// Which of a batch's finishes name a still-running attempt.
     pub running_attempts: Sql,
-    /// Every winning finish of a batch: attempts, unit projections and `unit.finished` events.
-    pub finish_attempts: Sql,
     /// A group's runs: status and current step, with the lease's fence columns.
     pub group_runs: Sql,
     /// The latest attempt of each (run, unit) a group's reservations name.
     pub latest_attempts_group: Sql,
-    /// Every new attempt of a group, over many runs, each row with its own actor and time.
+    /// Every new attempt of a batch or group, over many runs, each row with its own actor and
+    /// time: unit projections, attempt rows and `unit.started` events.
     pub reserve_group: Sql,
-    /// Every winning finish of a group, each row with its own actor and time.
+    /// Every winning finish of a batch or group, each row with its own actor and time:
+    /// attempts, unit projections and `unit.finished` events.
     pub finish_group: Sql,
     /// Every renewed lease of a group, one row per run.
     pub heartbeat_group: Sql,

@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 
-use crate::attempts::{finished_payload, opt_str, ord, started_payload, FinishSpec, UnitSpec};
+use crate::attempts::{finish_row, new_attempt_row, write_rows, FinishSpec, UnitSpec};
 use crate::canonical::{into_text, to_vec, Value};
 use crate::errors::{LedgerError, Result};
 use crate::events::Actor;
@@ -287,26 +287,6 @@ fn heartbeat(
     }))
 }
 
-fn actor_columns(actor: &Actor<'_>, now_ms: i64) -> [(String, Value); 4] {
-    [
-        (
-            "actor_id".into(),
-            actor.id.clone().map_or(Value::Null, Value::Str),
-        ),
-        (
-            "actor_type".into(),
-            actor
-                .actor_type
-                .map_or(Value::Null, |t| Value::Str(t.into())),
-        ),
-        (
-            "generation".into(),
-            actor.generation.map_or(Value::Null, Value::Int),
-        ),
-        ("ts".into(), Value::Int(now_ms)),
-    ]
-}
-
 fn finish(
     overlay: &mut Overlay,
     writes: &mut Writes,
@@ -340,23 +320,10 @@ fn finish(
         {
             l.running = false;
         }
-        let payload = finished_payload(f, step_id, phase);
-        let mut row = vec![
-            ("attempt".into(), Value::Int(f.attempt)),
-            ("dispatch_id".into(), Value::Str(f.dispatch_id.clone())),
-            ("failure_reason".into(), opt_str(f.failure_reason.as_ref())),
-            ("ord".into(), Value::Int(ord(writes.finishes.len()))),
-            ("payload".into(), Value::Str(into_text(to_vec(&payload)))),
-            ("result".into(), opt_str(f.result.as_ref())),
-            ("run_id".into(), Value::Str(f.run_id.clone())),
-            ("session_id".into(), opt_str(f.session_id.as_ref())),
-            ("status".into(), Value::Str(f.status.clone())),
-            ("tokens".into(), f.tokens.map_or(Value::Null, Value::Int)),
-            ("unit_id".into(), Value::Str(f.unit_id.clone())),
-        ];
-        row.extend(actor_columns(&actor, now_ms));
-        row.sort_by(|a, b| a.0.cmp(&b.0));
-        writes.finishes.push(Value::Object(row));
+        let index = writes.finishes.len();
+        writes
+            .finishes
+            .push(finish_row(f, step_id, phase, &actor, now_ms, index));
         out.push(true);
     }
     Ok(Output::Finished(out))
@@ -407,28 +374,16 @@ fn reserve(
                 running: true,
             },
         );
-        let payload = started_payload(run_id, u, attempt, dispatch_id);
-        let mut row = vec![
-            ("attempt".into(), Value::Int(attempt)),
-            ("dispatch_id".into(), Value::Str(dispatch_id.clone())),
-            ("engine".into(), opt_str(u.engine.as_ref())),
-            ("holder".into(), opt_str(u.holder.as_ref())),
-            ("input_hash".into(), opt_str(u.input_hash.as_ref())),
-            ("model".into(), opt_str(u.model.as_ref())),
-            ("node_id".into(), opt_str(u.node_id.as_ref())),
-            ("ord".into(), Value::Int(ord(writes.reserves.len()))),
-            ("parent_unit_id".into(), opt_str(u.parent_unit_id.as_ref())),
-            ("payload".into(), Value::Str(into_text(to_vec(&payload)))),
-            ("phase".into(), Value::Str(u.phase.clone())),
-            ("run_id".into(), Value::Str(run_id.to_owned())),
-            ("runner".into(), opt_str(u.runner.as_ref())),
-            ("step_id".into(), Value::Str(u.step_id.clone())),
-            ("unit_id".into(), Value::Str(u.unit_id.clone())),
-            ("worktree_path".into(), opt_str(u.worktree_path.as_ref())),
-        ];
-        row.extend(actor_columns(&actor, now_ms));
-        row.sort_by(|a, b| a.0.cmp(&b.0));
-        writes.reserves.push(Value::Object(row));
+        let index = writes.reserves.len();
+        writes.reserves.push(new_attempt_row(
+            run_id,
+            u,
+            attempt,
+            dispatch_id,
+            &actor,
+            now_ms,
+            index,
+        ));
         out.push(Reservation {
             run_id: run_id.to_owned(),
             unit_id: u.unit_id.clone(),
@@ -444,33 +399,20 @@ fn reserve(
 
 /// One statement per kind, in the kinds' order; each must write exactly its rows.
 fn write(tx: &dyn Tx, batch: &BatchStatements, writes: Writes) -> Result<()> {
-    let refused = |what: &str, n: usize, wrote: String| LedgerError::StoreError {
-        operation: OPERATION.into(),
-        message: format!("{n} {what} of a group wrote {wrote}; nothing kept"),
-    };
     if !writes.heartbeats.is_empty() {
         let n = writes.heartbeats.len();
         let rows = Value::Array(writes.heartbeats.into_iter().map(|(_, v)| v).collect());
         let changed = tx.exec(&batch.heartbeat_group, params![into_text(to_vec(&rows))])?;
         if changed != n {
-            return Err(refused("renewed leases", n, format!("{changed} leases")));
+            return Err(LedgerError::StoreError {
+                operation: OPERATION.into(),
+                message: format!(
+                    "{n} heartbeats of a group renewed {changed} leases; nothing kept"
+                ),
+            });
         }
     }
-    for (what, sql, rows) in [
-        ("finishes", &batch.finish_group, writes.finishes),
-        ("new attempts", &batch.reserve_group, writes.reserves),
-    ] {
-        if rows.is_empty() {
-            continue;
-        }
-        let n = rows.len();
-        let wrote = tx.row(sql, params![into_text(to_vec(&Value::Array(rows)))], |r| {
-            Ok((r.get::<i64>(0)?, r.get::<i64>(1)?, r.get::<i64>(2)?))
-        })?;
-        let want = i64::try_from(n).unwrap_or(i64::MAX);
-        if wrote != Some((want, want, want)) {
-            return Err(refused(what, n, format!("{wrote:?}")));
-        }
-    }
+    write_rows(tx, &batch.finish_group, OPERATION, writes.finishes)?;
+    write_rows(tx, &batch.reserve_group, OPERATION, writes.reserves)?;
     Ok(())
 }

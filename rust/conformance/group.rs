@@ -54,13 +54,8 @@ fn prepare(store: &mut dyn Store, setup: &[Op]) -> (Fence, Fence) {
     (fence_of(&stale), fence_of(&live))
 }
 
-/// Everything the calls can have written: per run, its events (without the global cursor,
+/// Everything the calls can have written on `runs`: per run, its events (without the global cursor,
 /// which a rolled-back insert may have advanced on PostgreSQL), units, attempts and lease.
-fn rows(store: &mut dyn Store) -> Vec<String> {
-    rows_of(store, &["r1", "r2", "r3"])
-}
-
-/// [`rows`] of the runs `runs`.
 fn rows_of(store: &mut dyn Store, runs: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
     for &run in runs {
@@ -281,20 +276,101 @@ fn prepare_random(
     ]
 }
 
+/// An attempt the setup reserved: run, unit, attempt, dispatch id.
+type Known = (String, String, i64, String);
+
+/// One random call: a heartbeat, a finish or a reservation, at one of `clocks`, mostly with
+/// the fence of its own run (none for an unclaimed run), sometimes with any.
+fn draw_op(
+    rng: &mut Rng,
+    fences: &[(Option<Fence>, String)],
+    known: &[Known],
+    clocks: &[i64],
+) -> Op {
+    let now = if rng.below(2) == 0 {
+        clocks[0]
+    } else {
+        *rng.pick(clocks)
+    };
+    let run = *rng.pick(&RUNS);
+    let own = match run {
+        "p0" => 1 + rng.below(2),
+        "p1" => 3,
+        _ => 0,
+    };
+    let (fence, token) = if rng.below(4) == 0 {
+        rng.pick(fences).clone()
+    } else {
+        fences[own].clone()
+    };
+    match rng.below(3) {
+        0 => {
+            // A stale or live fence, or one of another run, renewed at any clock.
+            let (fence, token) = match fence {
+                Some(fence) => (fence, token),
+                None => (fences[1].0.clone().expect("a fence"), fences[1].1.clone()),
+            };
+            Op::heartbeat(fence, token, LEASE_MS, now).expect("heartbeat op")
+        }
+        1 => {
+            // The attempts of one run, mostly (a claim names one run); some finishes name a
+            // wrong dispatch id, a later attempt or an unknown unit.
+            let mine: Vec<Known> = known.iter().filter(|k| k.0 == run).cloned().collect();
+            let pool = if mine.is_empty() || rng.below(5) == 0 {
+                known
+            } else {
+                &mine
+            };
+            let count = 1 + rng.below(2);
+            let specs: Vec<_> = (0..count)
+                .map(|_| {
+                    let (run_id, unit_id, attempt, dispatch) = rng.pick(pool).clone();
+                    let mut spec = match rng.below(6) {
+                        0 => finish(&run_id, &unit_id, attempt, "wrong-dispatch"),
+                        1 => finish(&run_id, &unit_id, attempt + 1, &dispatch),
+                        2 => finish(&run_id, "u9", 1, &dispatch),
+                        _ => finish(&run_id, &unit_id, attempt, &dispatch),
+                    };
+                    if rng.below(3) == 0 {
+                        spec.status = "failed".into();
+                        spec.failure_reason = Some("boom".into());
+                    }
+                    spec
+                })
+                .collect();
+            Op::finish(specs, fence, now).expect("finish op")
+        }
+        _ => {
+            // Up to three units, maybe one twice, sometimes moved to step b (a reclaim that
+            // changes the step is refused).
+            let count = 1 + rng.below(3);
+            let units = (0..count)
+                .map(|_| {
+                    let unit_id = *rng.pick(&["u0", "u1", "u2", "u3", "u4", "u5"]);
+                    if rng.below(5) == 0 {
+                        on_step(unit_id, "b")
+                    } else {
+                        unit(unit_id)
+                    }
+                })
+                .collect();
+            Op::reserve(run.into(), units, fence, now).expect("reserve op")
+        }
+    }
+}
+
 /// One random group of `size` calls, grouped on one fresh ledger and one by one (in the order
-/// the group applied them) on another.
-/// How many calls reserved, finished (one winning finish), renewed, lost their lease.
+/// the group applied them) on another. How many calls reserved, finished (one winning finish
+/// at least), renewed a lease, lost their lease.
 fn random_round(store: &mut dyn Store, twin: &mut dyn Store, seed: u64, size: usize) -> [usize; 4] {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let units = ["u0", "u1", "u2", "u3", "u4", "u5"];
     let setup = [
         reserve("p0", vec![unit("u0"), unit("u1"), unit("u2")], None, T0 + 2),
         reserve("p1", vec![unit("u0"), unit("u1")], None, T0 + 2),
         reserve("p3", vec![unit("u0"), unit("u1")], None, T0 + 2),
     ];
-    // Known attempts: (run, unit, attempt, dispatch id); the setup finishes the second unit of
-    // every run, so some of the group's reservations make attempt 2.
-    let mut known: Vec<(String, String, i64, String)> = Vec::new();
+    // The setup finishes the second unit of every run, so some reservations make attempt 2.
+    let mut known: Vec<Known> = Vec::new();
     for op in &setup {
         if let Op::Reserve {
             run_id,
@@ -308,13 +384,13 @@ fn random_round(store: &mut dyn Store, twin: &mut dyn Store, seed: u64, size: us
             }
         }
     }
-    let finished: Vec<Op> = known
+    let done: Vec<Op> = known
         .iter()
         .filter(|k| k.1 == "u1")
         .map(|(r, u, a, d)| Op::finish(vec![finish(r, u, *a, d)], None, T0 + 3).expect("finish"))
         .collect();
-    let fences = prepare_random(store, &setup, &finished);
-    prepare_random(twin, &setup, &finished);
+    let fences = prepare_random(store, &setup, &done);
+    prepare_random(twin, &setup, &done);
     // The live lease of p0 ends at T0 + 1 + LEASE_MS: the clocks fall before it, just before
     // it (a heartbeat then keeps it live for later calls), after it, and far after.
     let clocks = [
@@ -323,81 +399,9 @@ fn random_round(store: &mut dyn Store, twin: &mut dyn Store, seed: u64, size: us
         T0 + LEASE_MS + 5,
         T0 + 3 * LEASE_MS,
     ];
-    let mut group = Vec::with_capacity(size);
-    // Mostly the fence of the call's own run (none for an unclaimed run), sometimes any.
-    let fence_for = |rng: &mut Rng, run: &str| -> (Option<Fence>, String) {
-        let own = match run {
-            "p0" => &fences[1 + rng.below(2)],
-            "p1" => &fences[3],
-            _ => &fences[0],
-        };
-        if rng.below(4) == 0 {
-            rng.pick(&fences).clone()
-        } else {
-            own.clone()
-        }
-    };
-    for _ in 0..size {
-        let now = if rng.below(2) == 0 {
-            clocks[0]
-        } else {
-            *rng.pick(&clocks)
-        };
-        let run = *rng.pick(&RUNS);
-        let (fence, token) = fence_for(&mut rng, run);
-        let op = match rng.below(3) {
-            0 => {
-                // A stale or live fence, or one of another run, renewed at any clock.
-                let (fence, token) = match fence {
-                    Some(f) => (f, token),
-                    None => (fences[1].0.clone().expect("a fence"), fences[1].1.clone()),
-                };
-                Op::heartbeat(fence, token, LEASE_MS, now).expect("heartbeat op")
-            }
-            1 => {
-                // The attempts of one run, mostly (a claim names one run).
-                let mine: Vec<_> = known.iter().filter(|k| k.0 == run).cloned().collect();
-                let pool = if mine.is_empty() || rng.below(5) == 0 {
-                    &known
-                } else {
-                    &mine
-                };
-                let n = 1 + rng.below(2);
-                let finishes: Vec<_> = (0..n)
-                    .map(|_| {
-                        let (r, u, a, d) = rng.pick(pool).clone();
-                        let mut f = match rng.below(6) {
-                            0 => finish(&r, &u, a, "wrong-dispatch"),
-                            1 => finish(&r, &u, a + 1, &d),
-                            2 => finish(&r, "u9", 1, &d),
-                            _ => finish(&r, &u, a, &d),
-                        };
-                        if rng.below(3) == 0 {
-                            f.status = "failed".into();
-                            f.failure_reason = Some("boom".into());
-                        }
-                        f
-                    })
-                    .collect();
-                Op::finish(finishes, fence, now).expect("finish op")
-            }
-            _ => {
-                let n = 1 + rng.below(3);
-                let us = (0..n)
-                    .map(|_| {
-                        let u = *rng.pick(&units);
-                        if rng.below(5) == 0 {
-                            on_step(u, "b")
-                        } else {
-                            unit(u)
-                        }
-                    })
-                    .collect();
-                Op::reserve(run.into(), us, fence, now).expect("reserve op")
-            }
-        };
-        group.push(op);
-    }
+    let group: Vec<Op> = (0..size)
+        .map(|_| draw_op(&mut rng, &fences, &known, &clocks))
+        .collect();
     let (out, outcome) = compare_on(store, twin, &group, &RUNS[..4]);
     assert!(
         !outcome.fell_back,
@@ -430,20 +434,20 @@ pub(super) fn random_groups_match_one_by_one(store: &mut dyn Store) {
 }
 
 /// Round trips a grouped call waited for on this thread so far (0 on SQLite).
+#[cfg(feature = "postgres")]
 fn round_trips(store: &mut dyn Store) -> u64 {
     store
         .read("counting round trips", |tx| Ok(tx.round_trips()))
         .expect("round trips")
 }
 
-/// On PostgreSQL a group of reservations costs a bounded number of round trips, whatever its
-/// size: one read, one write, the commit.
-pub(super) fn merged_reserves_take_few_round_trips(store: &mut dyn Store) {
-    if store.pragmas().expect("pragmas").journal_mode != "postgresql" {
-        return;
-    }
+/// On PostgreSQL a group costs a bounded number of round trips, whatever its size: one read,
+/// one statement per kind, the commit.
+#[cfg(feature = "postgres")]
+fn merged_groups_take_few_round_trips(store: &mut dyn Store) {
     started(store, "r1");
     let mut spent = Vec::new();
+    let mut reserved = Vec::new();
     for (round, size) in [(0, 16), (1, 16), (2, 32)] {
         let group: Vec<Op> = (0..size)
             .map(|i| reserve("r1", vec![unit(&format!("u{round}-{i}"))], None, T0 + 10))
@@ -452,13 +456,40 @@ pub(super) fn merged_reserves_take_few_round_trips(store: &mut dyn Store) {
         let before = round_trips(store);
         let (out, outcome) = run_group(store, &ops);
         spent.push(round_trips(store) - before);
-        assert!(out.iter().all(Result::is_ok), "{out:?}");
         assert!(!outcome.fell_back);
+        for o in out {
+            reserved.extend(o.expect("reserved").reservations().expect("reservations"));
+        }
     }
-    // The first group also prepares its statements; after that, 3 (read, write, commit).
+    // The first group also prepared its statements; after that, 3 (read, write, commit).
     assert!(
         spent[1] <= 4 && spent[2] == spent[1],
-        "round trips per group: {spent:?}"
+        "reservations: {spent:?}"
+    );
+    // 32 finishes, then a mix of 16 finishes and 16 reservations: one statement more.
+    let finishes: Vec<Op> = reserved
+        .iter()
+        .map(|r| finishing("r1", &r.unit_id, r.attempt, &r.dispatch_id, None))
+        .collect();
+    let mixed: Vec<Op> = finishes[32..48]
+        .iter()
+        .cloned()
+        .chain((0..16).map(|i| reserve("r1", vec![unit(&format!("m{i}"))], None, T0 + 10)))
+        .collect();
+    let mut more = Vec::new();
+    for group in [&finishes[..32], &mixed[..]] {
+        let ops: Vec<&Op> = group.iter().collect();
+        let before = round_trips(store);
+        let (out, outcome) = run_group(store, &ops);
+        more.push(round_trips(store) - before);
+        assert!(
+            !outcome.fell_back && out.iter().all(Result::is_ok),
+            "{out:?}"
+        );
+    }
+    assert!(
+        more[0] <= spent[1] + 1 && more[1] <= spent[1] + 2,
+        "{spent:?} then {more:?}"
     );
 }
 
@@ -476,7 +507,7 @@ fn random_groups_match_one_by_one_on_postgres() {
 
 #[cfg(feature = "postgres")]
 #[test]
-fn merged_reserves_take_few_round_trips_on_postgres() {
+fn merged_groups_take_few_round_trips_on_postgres() {
     let (mut store, _schema) = store::testing::postgres_fresh();
-    merged_reserves_take_few_round_trips(store.as_mut());
+    merged_groups_take_few_round_trips(store.as_mut());
 }

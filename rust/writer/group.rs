@@ -38,6 +38,7 @@ use crate::errors::{LedgerError, Result};
 use crate::store::{FailureScope, Savepoint, Store, Tx};
 use crate::writer::op::{Op, Output};
 
+// The merge is a step of a group and has no other caller, so the group declares it.
 #[path = "merge.rs"]
 mod merge;
 

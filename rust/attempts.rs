@@ -126,24 +126,15 @@ fn reserve_set(
             continue;
         }
         let attempt = l.map_or(1, |l| l.0 + 1);
-        let payload = started_payload(run_id, u, attempt, dispatch_id);
-        rows.push(Value::Object(vec![
-            ("attempt".into(), Value::Int(attempt)),
-            ("dispatch_id".into(), Value::Str(dispatch_id.clone())),
-            ("engine".into(), opt_str(u.engine.as_ref())),
-            ("holder".into(), opt_str(u.holder.as_ref())),
-            ("input_hash".into(), opt_str(u.input_hash.as_ref())),
-            ("model".into(), opt_str(u.model.as_ref())),
-            ("node_id".into(), opt_str(u.node_id.as_ref())),
-            ("ord".into(), Value::Int(ord(rows.len()))),
-            ("parent_unit_id".into(), opt_str(u.parent_unit_id.as_ref())),
-            ("payload".into(), Value::Str(into_text(to_vec(&payload)))),
-            ("phase".into(), Value::Str(u.phase.clone())),
-            ("runner".into(), opt_str(u.runner.as_ref())),
-            ("step_id".into(), Value::Str(u.step_id.clone())),
-            ("unit_id".into(), Value::Str(u.unit_id.clone())),
-            ("worktree_path".into(), opt_str(u.worktree_path.as_ref())),
-        ]));
+        rows.push(new_attempt_row(
+            run_id,
+            u,
+            attempt,
+            dispatch_id,
+            actor,
+            now_ms,
+            rows.len(),
+        ));
         out.push(Reservation {
             run_id: run_id.to_owned(),
             unit_id: u.unit_id.clone(),
@@ -154,30 +145,120 @@ fn reserve_set(
             lease_generation: actor.generation,
         });
     }
-    if !rows.is_empty() {
-        let n = rows.len();
-        let json = into_text(to_vec(&Value::Array(rows)));
-        let inserted = tx.exec(
-            &batch.reserve_attempts,
-            params![
-                run_id,
-                json,
-                now_ms,
-                actor.actor_type,
-                actor.id.as_deref(),
-                actor.generation
-            ],
-        )?;
-        if inserted != n {
-            return Err(LedgerError::StoreError {
-                operation: "reserving attempts".into(),
-                message: format!(
-                    "wrote {inserted} of {n} attempts of run {run_id:?}; nothing kept"
-                ),
-            });
-        }
-    }
+    write_rows(tx, &batch.reserve_group, "reserving attempts", rows)?;
     Ok(out)
+}
+
+/// The columns of a batch row that say who wrote it and when (each row of a group has its own).
+fn actor_columns(actor: &Actor<'_>, now_ms: i64) -> [(String, Value); 4] {
+    [
+        (
+            "actor_id".into(),
+            actor.id.clone().map_or(Value::Null, Value::Str),
+        ),
+        (
+            "actor_type".into(),
+            actor
+                .actor_type
+                .map_or(Value::Null, |t| Value::Str(t.into())),
+        ),
+        (
+            "generation".into(),
+            actor.generation.map_or(Value::Null, Value::Int),
+        ),
+        ("ts".into(), Value::Int(now_ms)),
+    ]
+}
+
+/// A new attempt's row for the set-based reservation statement, the `index`-th of its batch.
+pub(crate) fn new_attempt_row(
+    run_id: &str,
+    u: &UnitSpec,
+    attempt: i64,
+    dispatch_id: &str,
+    actor: &Actor<'_>,
+    now_ms: i64,
+    index: usize,
+) -> Value {
+    let payload = started_payload(run_id, u, attempt, dispatch_id);
+    let mut row = vec![
+        ("attempt".into(), Value::Int(attempt)),
+        ("dispatch_id".into(), Value::Str(dispatch_id.to_owned())),
+        ("engine".into(), opt_str(u.engine.as_ref())),
+        ("holder".into(), opt_str(u.holder.as_ref())),
+        ("input_hash".into(), opt_str(u.input_hash.as_ref())),
+        ("model".into(), opt_str(u.model.as_ref())),
+        ("node_id".into(), opt_str(u.node_id.as_ref())),
+        ("ord".into(), Value::Int(ord(index))),
+        ("parent_unit_id".into(), opt_str(u.parent_unit_id.as_ref())),
+        ("payload".into(), Value::Str(into_text(to_vec(&payload)))),
+        ("phase".into(), Value::Str(u.phase.clone())),
+        ("run_id".into(), Value::Str(run_id.to_owned())),
+        ("runner".into(), opt_str(u.runner.as_ref())),
+        ("step_id".into(), Value::Str(u.step_id.clone())),
+        ("unit_id".into(), Value::Str(u.unit_id.clone())),
+        ("worktree_path".into(), opt_str(u.worktree_path.as_ref())),
+    ];
+    row.extend(actor_columns(actor, now_ms));
+    row.sort_by(|a, b| a.0.cmp(&b.0));
+    Value::Object(row)
+}
+
+/// A winning finish's row for the set-based finish statement, the `index`-th of its batch.
+pub(crate) fn finish_row(
+    f: &FinishSpec,
+    step_id: Option<String>,
+    phase: String,
+    actor: &Actor<'_>,
+    now_ms: i64,
+    index: usize,
+) -> Value {
+    let payload = finished_payload(f, step_id, phase);
+    let mut row = vec![
+        ("attempt".into(), Value::Int(f.attempt)),
+        ("dispatch_id".into(), Value::Str(f.dispatch_id.clone())),
+        ("failure_reason".into(), opt_str(f.failure_reason.as_ref())),
+        ("ord".into(), Value::Int(ord(index))),
+        ("payload".into(), Value::Str(into_text(to_vec(&payload)))),
+        ("result".into(), opt_str(f.result.as_ref())),
+        ("run_id".into(), Value::Str(f.run_id.clone())),
+        ("session_id".into(), opt_str(f.session_id.as_ref())),
+        ("status".into(), Value::Str(f.status.clone())),
+        ("tokens".into(), f.tokens.map_or(Value::Null, Value::Int)),
+        ("unit_id".into(), Value::Str(f.unit_id.clone())),
+    ];
+    row.extend(actor_columns(actor, now_ms));
+    row.sort_by(|a, b| a.0.cmp(&b.0));
+    Value::Object(row)
+}
+
+/// Run a set-based batch statement on `rows`; it answers what each of its parts wrote, and
+/// anything but one row per part per row refuses the transaction (nothing kept).
+pub(crate) fn write_rows(
+    tx: &dyn Tx,
+    sql: &crate::store::Sql,
+    operation: &str,
+    rows: Vec<Value>,
+) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+    let json = into_text(to_vec(&Value::Array(rows)));
+    let wrote = tx.row(sql, params![json], |r| {
+        Ok((r.get::<i64>(0)?, r.get::<i64>(1)?, r.get::<i64>(2)?))
+    })?;
+    if wrote == Some((n, n, n)) {
+        Ok(())
+    } else {
+        Err(LedgerError::StoreError {
+            operation: operation.into(),
+            message: format!(
+                "a batch of {n} rows wrote {wrote:?} (one per part expected); nothing kept, \
+                 run `fencepost doctor`"
+            ),
+        })
+    }
 }
 
 /// The `unit.started` payload of a new attempt.
@@ -439,46 +520,10 @@ fn finish_set(
             out.push(false);
             continue;
         };
-        let payload = finished_payload(f, step_id, phase);
-        rows.push(Value::Object(vec![
-            ("attempt".into(), Value::Int(f.attempt)),
-            ("dispatch_id".into(), Value::Str(f.dispatch_id.clone())),
-            ("failure_reason".into(), opt_str(f.failure_reason.as_ref())),
-            ("ord".into(), Value::Int(ord(rows.len()))),
-            ("payload".into(), Value::Str(into_text(to_vec(&payload)))),
-            ("result".into(), opt_str(f.result.as_ref())),
-            ("run_id".into(), Value::Str(f.run_id.clone())),
-            ("session_id".into(), opt_str(f.session_id.as_ref())),
-            ("status".into(), Value::Str(f.status.clone())),
-            ("tokens".into(), f.tokens.map_or(Value::Null, Value::Int)),
-            ("unit_id".into(), Value::Str(f.unit_id.clone())),
-        ]));
+        rows.push(finish_row(f, step_id, phase, &actor, now_ms, rows.len()));
         out.push(true);
     }
-    if !rows.is_empty() {
-        let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-        let json = into_text(to_vec(&Value::Array(rows)));
-        let written = tx.row(
-            &batch.finish_attempts,
-            params![
-                json,
-                now_ms,
-                actor.actor_type,
-                actor.id.as_deref(),
-                actor.generation
-            ],
-            |r| Ok((r.get::<i64>(0)?, r.get::<i64>(1)?, r.get::<i64>(2)?)),
-        )?;
-        if written != Some((n, n, n)) {
-            return Err(LedgerError::StoreError {
-                operation: "finishing attempts".into(),
-                message: format!(
-                    "a batch of {n} finishes wrote {written:?} (attempts, units, events); \
-                     nothing kept, run `fencepost doctor`"
-                ),
-            });
-        }
-    }
+    write_rows(tx, &batch.finish_group, "finishing attempts", rows)?;
     Ok(out)
 }
 

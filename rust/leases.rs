@@ -144,41 +144,68 @@ pub fn check(
     let Some(fence) = fence else {
         return Ok(Actor::default());
     };
-    if fence.run_id != run_id {
-        return Err(LedgerError::invalid(
+    claim_names(fence, run_id)?;
+    let row = tx.row(&sql::FENCE_SQL, params![run_id], |r| {
+        Ok(FenceRow {
+            generation: r.get(0)?,
+            token_hash: r.get(1)?,
+            expires_at: r.get(2)?,
+            owner_type: r.get(3)?,
+            owner_id: r.get(4)?,
+        })
+    })?;
+    judge(row.as_ref(), fence, now_ms)
+}
+
+/// A claim presented for `run_id` must name it.
+pub(crate) fn claim_names(fence: &Fence, run_id: &str) -> Result<()> {
+    if fence.run_id == run_id {
+        Ok(())
+    } else {
+        Err(LedgerError::invalid(
             "claim",
             format!("the claim is for run {:?}, not {run_id:?}", fence.run_id),
-        ));
-    }
-    let row = tx.row(&sql::FENCE_SQL, params![run_id], |r| {
-        Ok((
-            r.get::<i64>(0)?,
-            r.get::<Option<String>>(1)?,
-            r.get::<Option<i64>>(2)?,
-            r.get::<Option<String>>(3)?,
-            r.get::<Option<String>>(4)?,
         ))
-    })?;
+    }
+}
+
+/// What a fence is checked against: the lease row's fence columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FenceRow {
+    pub generation: i64,
+    pub token_hash: Option<String>,
+    pub expires_at: Option<i64>,
+    pub owner_type: Option<String>,
+    pub owner_id: Option<String>,
+}
+
+/// The fence check itself, on a lease row already read (`None`: the run has no lease row):
+/// the generation, the token hash and the expiry must all hold, else `LeaseLost`. A group
+/// that read its runs' leases at once judges each call with this, as [`check`] does alone.
+pub(crate) fn judge(row: Option<&FenceRow>, fence: &Fence, now_ms: i64) -> Result<Actor<'static>> {
     let lost = |actual: i64| LedgerError::LeaseLost {
-        run_id: run_id.to_owned(),
+        run_id: fence.run_id.clone(),
         expected_generation: fence.generation,
         actual_generation: actual,
     };
-    let Some((generation, token_hash, expires_at, owner_type, owner_id)) = row else {
+    let Some(row) = row else {
         return Err(lost(0));
     };
-    let live = expires_at.is_some_and(|e| e > now_ms);
-    if generation != fence.generation || token_hash.as_deref() != Some(&fence.token_hash) || !live {
-        return Err(lost(generation));
+    let live = row.expires_at.is_some_and(|e| e > now_ms);
+    if row.generation != fence.generation
+        || row.token_hash.as_deref() != Some(&fence.token_hash)
+        || !live
+    {
+        return Err(lost(row.generation));
     }
-    let actor_type = match owner_type.as_deref() {
+    let actor_type = match row.owner_type.as_deref() {
         Some("host") => Some("host"),
         _ => Some("session"),
     };
     Ok(Actor {
         actor_type,
-        id: owner_id,
-        generation: Some(generation),
+        id: row.owner_id.clone(),
+        generation: Some(row.generation),
     })
 }
 

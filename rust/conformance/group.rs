@@ -1,6 +1,7 @@
 //! Grouped calls against the same calls one by one: a group of mixed calls (stale fences, a
 //! duplicate finish, a reserve on a run that is not active, a reclaim that changes the step)
-//! gives every call the result or error it gets alone, and leaves the same rows and events;
+//! gives every call the result or error it gets alone, in the order the group applied them,
+//! and leaves the same rows and events;
 //! a call that breaks the transaction fails alone and its neighbours commit.
 
 use super::{finish, started, unit, LEASE_MS, T0};
@@ -53,11 +54,11 @@ fn prepare(store: &mut dyn Store, setup: &[Op]) -> (Fence, Fence) {
     (fence_of(&stale), fence_of(&live))
 }
 
-/// Everything the calls can have written: per run, its events (without the global cursor,
+/// Everything the calls can have written on `runs`: per run, its events (without the global cursor,
 /// which a rolled-back insert may have advanced on PostgreSQL), units, attempts and lease.
-fn rows(store: &mut dyn Store) -> Vec<String> {
+fn rows_of(store: &mut dyn Store, runs: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
-    for run in ["r1", "r2", "r3"] {
+    for &run in runs {
         let evs: Vec<Event> = events::read(store, Some(run), 0, 1000, None).expect("events");
         for e in evs {
             out.push(format!(
@@ -117,16 +118,33 @@ fn compare(
     twin: &mut dyn Store,
     group: &[Op],
 ) -> (Vec<Result<Output>>, Outcome) {
+    compare_on(store, twin, group, &["r1", "r2", "r3"])
+}
+
+/// [`compare`], with the rows and events of `runs`.
+fn compare_on(
+    store: &mut dyn Store,
+    twin: &mut dyn Store,
+    group: &[Op],
+    runs: &[&str],
+) -> (Vec<Result<Output>>, Outcome) {
     let ops: Vec<&Op> = group.iter().collect();
     let (grouped, outcome) = run_group(store, &ops);
-    let alone: Vec<Result<Output>> = ops
-        .iter()
-        .map(|op| run_group(twin, &[op]).0.remove(0))
-        .collect();
-    for (i, (g, a)) in grouped.iter().zip(&alone).enumerate() {
-        assert_eq!(g, a, "call {i} ({:?})", group[i]);
+    let mut order = outcome.order.clone();
+    order.sort_unstable();
+    assert_eq!(
+        order,
+        (0..ops.len()).collect::<Vec<_>>(),
+        "every call applied once"
+    );
+    let mut alone: Vec<Option<Result<Output>>> = ops.iter().map(|_| None).collect();
+    for &i in &outcome.order {
+        alone[i] = Some(run_group(twin, &[ops[i]]).0.remove(0));
     }
-    assert_eq!(rows(store), rows(twin));
+    for (i, (g, a)) in grouped.iter().zip(&alone).enumerate() {
+        assert_eq!(Some(g), a.as_ref(), "call {i} ({:?})", group[i]);
+    }
+    assert_eq!(rows_of(store, runs), rows_of(twin, runs));
     (grouped, outcome)
 }
 
@@ -170,9 +188,19 @@ pub(super) fn group_matches_one_by_one(store: &mut dyn Store) {
     assert_eq!(out[3], Ok(Output::Finished(vec![false])));
     assert!(matches!(out[4], Err(LedgerError::LeaseLost { .. })));
     assert!(matches!(out[5], Err(LedgerError::RunNotActive { .. })));
-    assert!(matches!(out[9], Err(LedgerError::InvalidArgument { .. })));
+    // The step-changing reservation of u2 is a refused reclaim while u2 runs, and a new
+    // attempt once call 14 finished it: which one depends on the order the group chose.
+    let at = |i: usize| outcome.order.iter().position(|&j| j == i);
+    // Then call 12 (step a) reclaims attempt 1, or is a reclaim refused by attempt 2's step.
+    if at(9) < at(14) {
+        assert!(matches!(out[9], Err(LedgerError::InvalidArgument { .. })));
+        assert!(out[12].is_ok(), "{:?}", out[12]);
+    } else {
+        assert!(out[9].is_ok(), "{:?}", out[9]);
+        assert!(matches!(out[12], Err(LedgerError::InvalidArgument { .. })));
+    }
     assert_eq!(out[10], Ok(Output::Finished(vec![true])));
-    assert!(out[11].is_ok() && out[12].is_ok());
+    assert!(out[11].is_ok());
     assert!(matches!(out[13], Err(LedgerError::InvalidArgument { .. })));
     assert_eq!(out[14], Ok(Output::Finished(vec![true])));
 }
@@ -209,14 +237,14 @@ pub(super) fn a_failing_call_keeps_its_neighbours(store: &mut dyn Store) {
 /// each on both backends, as conformance cases of their own.
 mod run_calls {
     use super::super::{queued, LEASE_MS, T0};
-    use super::{compare, dispatch, finishing, heartbeat, prepare, reserve, rows, twin};
+    use super::{compare, dispatch, finishing, heartbeat, prepare, reserve, rows_of, twin};
     use super::{unit, Op, Output, Store};
     use crate::errors::LedgerError;
-    use crate::leases::{self, ClaimSpec, Fence};
+    use crate::leases::{ClaimSpec, Fence};
     use crate::queue;
     use crate::runs::{self, NewRun, StepResult, StepSpec};
     use crate::status::RunStatus;
-    use crate::{events, writer::run_group};
+    use crate::writer::{run_group, Outcome};
 
     conformance!(
         grouped_run_calls_match_one_by_one,
@@ -232,18 +260,13 @@ mod run_calls {
         fences
     }
 
-    /// [`rows`], plus what these calls also write: each run's row, its steps, and `r4`'s
-    /// lease and events.
+    /// [`rows_of`] the four runs, plus what these calls also write: each run's row and its
+    /// steps.
     fn run_rows(store: &mut dyn Store) -> Vec<String> {
-        let mut out = rows(store);
+        let mut out = rows_of(store, &["r1", "r2", "r3", "r4"]);
         for run in ["r1", "r2", "r3", "r4"] {
             out.push(format!("{:?}", runs::get_run(store, run).expect("run")));
             out.push(format!("{:?}", runs::steps(store, run).expect("steps")));
-        }
-        out.push(format!("{:?}", leases::lease(store, "r4").expect("lease")));
-        for e in events::read(store, Some("r4"), 0, 1000, None).expect("events") {
-            let payload = String::from_utf8_lossy(&e.payload).into_owned();
-            out.push(format!("{} {} {payload}", e.revision, e.event_type));
         }
         out
     }
@@ -308,6 +331,17 @@ mod run_calls {
         let (out, outcome) = compare(store, other.as_mut(), &group);
         assert_eq!(run_rows(store), run_rows(other.as_mut()));
         assert!(!outcome.fell_back, "every refusal stays with its call");
+        check_outcomes(&out, &outcome);
+        let r4 = runs::get_run(store, "r4").unwrap().unwrap();
+        assert_eq!(
+            r4.status,
+            RunStatus::Active,
+            "claimed (starting), then moved"
+        );
+    }
+
+    /// The outcomes of `grouped_run_calls_match_one_by_one`'s group, call by call.
+    fn check_outcomes(out: &[crate::errors::Result<Output>], outcome: &Outcome) {
         let status = |i: usize| match &out[i] {
             Ok(Output::Run(run)) => run.status,
             other => panic!("call {i}: {other:?}"),
@@ -316,15 +350,32 @@ mod run_calls {
             Ok(Output::MaybeClaim(c)) => c.as_ref().map(|c| c.generation),
             other => panic!("call {i}: {other:?}"),
         };
+        // A group may apply its calls in another order than they arrived (on PostgreSQL the
+        // reserves, finishes and heartbeats go first); `compare` already checked every outcome
+        // against the calls alone in the applied order. The outcomes below that depend on the
+        // order are checked for the order the group reports.
+        let at = |i: usize| outcome.order.iter().position(|&j| j == i);
+        let before = |a: usize, b: usize| at(a) < at(b);
         assert!(matches!(out[0], Ok(Output::Claim(_))));
         assert_eq!(claimed(1), Some(1), "a claim of a never-claimed run");
-        assert!(
-            out[2].is_ok(),
-            "a reserve under a claim taken earlier in the group"
-        );
+        if before(1, 2) {
+            assert!(
+                out[2].is_ok(),
+                "a reserve under a claim taken earlier: {:?}",
+                out[2]
+            );
+        } else {
+            assert!(
+                out[2].is_err(),
+                "a reserve under a claim not yet taken: {:?}",
+                out[2]
+            );
+        }
         assert_eq!(status(3), RunStatus::Blocked);
         assert!(matches!(out[4], Err(LedgerError::RunNotActive { .. })));
-        assert!(matches!(out[5], Err(LedgerError::RunNotActive { .. })));
+        if before(3, 5) {
+            assert!(matches!(out[5], Err(LedgerError::RunNotActive { .. })));
+        }
         assert!(
             matches!(&out[6], Err(LedgerError::InvalidArgument { argument, .. }) if argument == "status"),
             "an invalid move: {:?}",
@@ -341,19 +392,26 @@ mod run_calls {
         assert_eq!(claimed(11), None, "another owner's live lease");
         assert_eq!(claimed(12), Some(1));
         assert_eq!(status(13), RunStatus::Active);
-        assert!(out[14].is_ok());
-        assert_eq!(out[15], Ok(Output::Finished(vec![true])));
+        if before(12, 14) && before(13, 14) {
+            assert!(out[14].is_ok(), "{:?}", out[14]);
+        } else {
+            assert!(
+                out[14].is_err(),
+                "r3 is not claimed and active yet: {:?}",
+                out[14]
+            );
+        }
+        let finished = Ok(Output::Finished(vec![true]));
+        if out[14].is_ok() && before(14, 15) {
+            assert_eq!(out[15], finished);
+        } else {
+            assert_ne!(out[15], finished, "a finish of an attempt not yet reserved");
+        }
         assert_eq!(claimed(16), Some(1));
         assert_eq!(status(17), RunStatus::Active);
         assert_eq!(status(18), RunStatus::Completed);
         assert_eq!(claimed(19), None, "a terminal run");
         assert!(out[20].is_err(), "a completed run moves nowhere");
-        let r4 = runs::get_run(store, "r4").unwrap().unwrap();
-        assert_eq!(
-            r4.status,
-            RunStatus::Active,
-            "claimed (starting), then moved"
-        );
     }
 
     /// A call that breaks the transaction among claims, moves and completions: the group falls
@@ -475,4 +533,285 @@ mod run_calls {
         let g1 = runs::get_run(store, "g1").unwrap().unwrap();
         assert_eq!(g1.status, RunStatus::Blocked);
     }
+}
+/// A seeded xorshift64: the same draws on every run of the test, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        usize::try_from(self.0 % (n as u64)).expect("small")
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+/// The runs of a random round: `p0` claimed twice (a stale and a live fence), `p1` claimed
+/// once, `p2` blocked, `p3` unclaimed, and `px`, which does not exist.
+const RUNS: [&str; 5] = ["p0", "p1", "p2", "p3", "px"];
+
+/// The same runs, claims and attempts on `store` as on every ledger given the same `setup`:
+/// the fences (with their tokens), and the attempts the setup reserved (run, unit, attempt,
+/// dispatch id).
+fn prepare_random(
+    store: &mut dyn Store,
+    setup: &[Op],
+    finished: &[Op],
+) -> Vec<(Option<Fence>, String)> {
+    for run in &RUNS[..4] {
+        started(store, run);
+    }
+    runs::block_run(store, "p2", None, T0).expect("block");
+    let stale = claim(store, "p0", &"a".repeat(40), T0);
+    let live = claim(store, "p0", &"b".repeat(40), T0 + 1);
+    let other = claim(store, "p1", &"c".repeat(40), T0);
+    for op in setup.iter().chain(finished) {
+        run_group(store, &[op]).0.remove(0).expect("setup call");
+    }
+    vec![
+        (None, String::new()),
+        (Some(fence_of(&stale)), stale.token),
+        (Some(fence_of(&live)), live.token),
+        (Some(fence_of(&other)), other.token),
+    ]
+}
+
+/// An attempt the setup reserved: run, unit, attempt, dispatch id.
+type Known = (String, String, i64, String);
+
+/// One random call: a heartbeat, a finish or a reservation, at one of `clocks`, mostly with
+/// the fence of its own run (none for an unclaimed run), sometimes with any.
+fn draw_op(
+    rng: &mut Rng,
+    fences: &[(Option<Fence>, String)],
+    known: &[Known],
+    clocks: &[i64],
+) -> Op {
+    let now = if rng.below(2) == 0 {
+        clocks[0]
+    } else {
+        *rng.pick(clocks)
+    };
+    let run = *rng.pick(&RUNS);
+    let own = match run {
+        "p0" => 1 + rng.below(2),
+        "p1" => 3,
+        _ => 0,
+    };
+    let (fence, token) = if rng.below(4) == 0 {
+        rng.pick(fences).clone()
+    } else {
+        fences[own].clone()
+    };
+    match rng.below(3) {
+        0 => {
+            // A stale or live fence, or one of another run, renewed at any clock.
+            let (fence, token) = match fence {
+                Some(fence) => (fence, token),
+                None => (fences[1].0.clone().expect("a fence"), fences[1].1.clone()),
+            };
+            Op::heartbeat(fence, token, LEASE_MS, now).expect("heartbeat op")
+        }
+        1 => {
+            // The attempts of one run, mostly (a claim names one run); some finishes name a
+            // wrong dispatch id, a later attempt or an unknown unit.
+            let mine: Vec<Known> = known.iter().filter(|k| k.0 == run).cloned().collect();
+            let pool = if mine.is_empty() || rng.below(5) == 0 {
+                known
+            } else {
+                &mine
+            };
+            let count = 1 + rng.below(2);
+            let specs: Vec<_> = (0..count)
+                .map(|_| {
+                    let (run_id, unit_id, attempt, dispatch) = rng.pick(pool).clone();
+                    let mut spec = match rng.below(6) {
+                        0 => finish(&run_id, &unit_id, attempt, "wrong-dispatch"),
+                        1 => finish(&run_id, &unit_id, attempt + 1, &dispatch),
+                        2 => finish(&run_id, "u9", 1, &dispatch),
+                        _ => finish(&run_id, &unit_id, attempt, &dispatch),
+                    };
+                    if rng.below(3) == 0 {
+                        spec.status = "failed".into();
+                        spec.failure_reason = Some("boom".into());
+                    }
+                    spec
+                })
+                .collect();
+            Op::finish(specs, fence, now).expect("finish op")
+        }
+        _ => {
+            // Up to three units, maybe one twice, sometimes moved to step b (a reclaim that
+            // changes the step is refused).
+            let count = 1 + rng.below(3);
+            let units = (0..count)
+                .map(|_| {
+                    let unit_id = *rng.pick(&["u0", "u1", "u2", "u3", "u4", "u5"]);
+                    if rng.below(5) == 0 {
+                        on_step(unit_id, "b")
+                    } else {
+                        unit(unit_id)
+                    }
+                })
+                .collect();
+            Op::reserve(run.into(), units, fence, now).expect("reserve op")
+        }
+    }
+}
+
+/// One random group of `size` calls, grouped on one fresh ledger and one by one (in the order
+/// the group applied them) on another. How many calls reserved, finished (one winning finish
+/// at least), renewed a lease, lost their lease.
+fn random_round(store: &mut dyn Store, twin: &mut dyn Store, seed: u64, size: usize) -> [usize; 4] {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let setup = [
+        reserve("p0", vec![unit("u0"), unit("u1"), unit("u2")], None, T0 + 2),
+        reserve("p1", vec![unit("u0"), unit("u1")], None, T0 + 2),
+        reserve("p3", vec![unit("u0"), unit("u1")], None, T0 + 2),
+    ];
+    // The setup finishes the second unit of every run, so some reservations make attempt 2.
+    let mut known: Vec<Known> = Vec::new();
+    for op in &setup {
+        if let Op::Reserve {
+            run_id,
+            units,
+            dispatch_ids,
+            ..
+        } = op
+        {
+            for (u, d) in units.iter().zip(dispatch_ids) {
+                known.push((run_id.clone(), u.unit_id.clone(), 1, d.clone()));
+            }
+        }
+    }
+    let done: Vec<Op> = known
+        .iter()
+        .filter(|k| k.1 == "u1")
+        .map(|(r, u, a, d)| Op::finish(vec![finish(r, u, *a, d)], None, T0 + 3).expect("finish"))
+        .collect();
+    let fences = prepare_random(store, &setup, &done);
+    prepare_random(twin, &setup, &done);
+    // The live lease of p0 ends at T0 + 1 + LEASE_MS: the clocks fall before it, just before
+    // it (a heartbeat then keeps it live for later calls), after it, and far after.
+    let clocks = [
+        T0 + 10,
+        T0 + LEASE_MS - 1,
+        T0 + LEASE_MS + 5,
+        T0 + 3 * LEASE_MS,
+    ];
+    let group: Vec<Op> = (0..size)
+        .map(|_| draw_op(&mut rng, &fences, &known, &clocks))
+        .collect();
+    let (out, outcome) = compare_on(store, twin, &group, &RUNS[..4]);
+    assert!(
+        !outcome.fell_back,
+        "seed {seed}: every refusal stays with its call"
+    );
+    assert_eq!(out.len(), size);
+    out.iter()
+        .map(|o| match o {
+            Ok(Output::Reservations(r)) if !r.is_empty() => [1, 0, 0, 0],
+            Ok(Output::Finished(f)) if f.contains(&true) => [0, 1, 0, 0],
+            Ok(Output::Claim(_)) => [0, 0, 1, 0],
+            Err(LedgerError::LeaseLost { .. }) => [0, 0, 0, 1],
+            _ => [0; 4],
+        })
+        .fold([0; 4], |acc, x| std::array::from_fn(|i| acc[i] + x[i]))
+}
+
+/// Random groups of every size up to 32, each on two fresh ledgers of `store`'s backend.
+pub(super) fn random_groups_match_one_by_one(store: &mut dyn Store) {
+    let sizes = [2, 5, 8, 16, 24, 32, 32, 32, 32, 32, 32, 32];
+    let mut seen = [0; 4];
+    for (seed, size) in (1..).zip(sizes) {
+        let (mut a, _keep_a) = twin(store);
+        let (mut b, _keep_b) = twin(store);
+        let counts = random_round(a.as_mut(), b.as_mut(), seed, size);
+        seen = std::array::from_fn(|i| seen[i] + counts[i]);
+    }
+    // The draws reach every outcome: reservations, winning finishes, renewals, lost leases.
+    assert!(seen.iter().all(|&n| n > 0), "{seen:?}");
+}
+
+/// Round trips a grouped call waited for on this thread so far (0 on SQLite).
+#[cfg(feature = "postgres")]
+fn round_trips(store: &mut dyn Store) -> u64 {
+    store
+        .read("counting round trips", |tx| Ok(tx.round_trips()))
+        .expect("round trips")
+}
+
+/// On PostgreSQL a group costs a bounded number of round trips, whatever its size: one read,
+/// one statement per kind, the commit.
+#[cfg(feature = "postgres")]
+fn merged_groups_take_few_round_trips(store: &mut dyn Store) {
+    started(store, "r1");
+    let mut spent = Vec::new();
+    let mut reserved = Vec::new();
+    for (round, size) in [(0, 16), (1, 16), (2, 32)] {
+        let group: Vec<Op> = (0..size)
+            .map(|i| reserve("r1", vec![unit(&format!("u{round}-{i}"))], None, T0 + 10))
+            .collect();
+        let ops: Vec<&Op> = group.iter().collect();
+        let before = round_trips(store);
+        let (out, outcome) = run_group(store, &ops);
+        spent.push(round_trips(store) - before);
+        assert!(!outcome.fell_back);
+        for o in out {
+            reserved.extend(o.expect("reserved").reservations().expect("reservations"));
+        }
+    }
+    // The first group also prepared its statements; after that, 3 (read, write, commit).
+    assert!(
+        spent[1] <= 4 && spent[2] == spent[1],
+        "reservations: {spent:?}"
+    );
+    // 32 finishes, then a mix of 16 finishes and 16 reservations: one statement more.
+    let finishes: Vec<Op> = reserved
+        .iter()
+        .map(|r| finishing("r1", &r.unit_id, r.attempt, &r.dispatch_id, None))
+        .collect();
+    let mixed: Vec<Op> = finishes[32..48]
+        .iter()
+        .cloned()
+        .chain((0..16).map(|i| reserve("r1", vec![unit(&format!("m{i}"))], None, T0 + 10)))
+        .collect();
+    let mut more = Vec::new();
+    for group in [&finishes[..32], &mixed[..]] {
+        let ops: Vec<&Op> = group.iter().collect();
+        let before = round_trips(store);
+        let (out, outcome) = run_group(store, &ops);
+        more.push(round_trips(store) - before);
+        assert!(
+            !outcome.fell_back && out.iter().all(Result::is_ok),
+            "{out:?}"
+        );
+    }
+    assert!(
+        more[0] <= spent[1] + 1 && more[1] <= spent[1] + 2,
+        "{spent:?} then {more:?}"
+    );
+}
+
+#[test]
+fn random_groups_match_one_by_one_on_sqlite() {
+    random_groups_match_one_by_one(store::testing::sqlite_memory().as_mut());
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn random_groups_match_one_by_one_on_postgres() {
+    let (mut store, _schema) = store::testing::postgres_fresh();
+    random_groups_match_one_by_one(store.as_mut());
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn merged_groups_take_few_round_trips_on_postgres() {
+    let (mut store, _schema) = store::testing::postgres_fresh();
+    merged_groups_take_few_round_trips(store.as_mut());
 }

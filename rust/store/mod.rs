@@ -148,12 +148,20 @@ impl Sql {
 pub struct BatchStatements {
     /// The latest attempt of each of a run's units.
     pub latest_attempts: Sql,
-    /// Every new attempt of a batch: unit projections, attempt rows and `unit.started` events.
-    pub reserve_attempts: Sql,
     /// Which of a batch's finishes name a still-running attempt.
     pub running_attempts: Sql,
-    /// Every winning finish of a batch: attempts, unit projections and `unit.finished` events.
-    pub finish_attempts: Sql,
+    /// A group's runs: status and current step, with the lease's fence columns.
+    pub group_runs: Sql,
+    /// The latest attempt of each (run, unit) a group's reservations name.
+    pub latest_attempts_group: Sql,
+    /// Every new attempt of a batch or group, over many runs, each row with its own actor and
+    /// time: unit projections, attempt rows and `unit.started` events.
+    pub reserve_group: Sql,
+    /// Every winning finish of a batch or group, each row with its own actor and time:
+    /// attempts, unit projections and `unit.finished` events.
+    pub finish_group: Sql,
+    /// Every renewed lease of a group, one row per run.
+    pub heartbeat_group: Sql,
 }
 
 /// A bound parameter or a read column, in the four shapes the ledger stores: every integer is
@@ -379,6 +387,24 @@ pub trait Tx {
     /// How far the last failed statement's harm reaches: only its call, the transaction (run
     /// it again), or the connection (the commit's outcome is unknown).
     fn failure_scope(&self) -> FailureScope;
+    /// Run several queries and hand each row to `each` with the index of its query. PostgreSQL
+    /// sends them together, in one round trip; elsewhere they run one after another.
+    fn query_many(
+        &self,
+        queries: &[(&Sql, &[&dyn ToSql])],
+        each: &mut dyn FnMut(usize, &dyn Row) -> DbResult<()>,
+    ) -> DbResult<()> {
+        for (i, (sql, params)) in queries.iter().enumerate() {
+            self.query(sql, params, &mut |r| each(i, r).map(|()| true))?;
+        }
+        Ok(())
+    }
+    /// How many round trips this thread's transactions have waited for so far (0 where a
+    /// statement is an in-process call).
+    #[cfg(test)]
+    fn round_trips(&self) -> u64 {
+        0
+    }
 }
 
 /// A step of the savepoint around one call of a grouped transaction.

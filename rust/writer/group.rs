@@ -19,6 +19,20 @@
 //! whole group again with the same calls; any other failure falls back to running each call
 //! alone, so a call that breaks the transaction fails by itself and its neighbours commit. A
 //! lost connection fails every call: the commit may have landed, so nothing is run again.
+//!
+//! On PostgreSQL, where every statement is a round trip, the group first answers its
+//! reservations, finishes and heartbeats together (see `merge`): one read for the whole
+//! group, each call judged in memory, one statement per kind. Only the calls it declines take
+//! the savepoint path, after it.
+//!
+//! The calls of a group were concurrent (none had returned), so any order of them is one its
+//! callers could have seen; the group's rows and events are those of the calls run one by one
+//! in the order it applied them ([`Outcome::order`]):
+//!
+//! - on the savepoint path alone (SQLite), arrival order;
+//! - on PostgreSQL, first the calls the merge answered, by kind — heartbeats, then finishes,
+//!   then reservations — and by arrival within a kind; then the declined calls, by arrival;
+//! - when the group falls back, arrival order.
 
 use crate::errors::{LedgerError, Result};
 use crate::store::{FailureScope, Savepoint, Store, Tx};
@@ -28,50 +42,82 @@ use crate::writer::op::{Op, Output};
 const GROUP_OPERATION: &str = "committing grouped calls";
 
 /// How a group went, for the writer's counters.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Outcome {
     /// The group failed and its calls ran one by one.
     pub fell_back: bool,
+    /// The order in which the calls were applied (indices into the group): running them one
+    /// by one in this order leaves the same rows and events.
+    pub order: Vec<usize>,
 }
 
 /// Run `ops` as one group on `store`: one result per call, in order.
+/// [`Outcome::order`] says in which order they were applied.
 pub fn run_group(store: &mut dyn Store, ops: &[&Op]) -> (Vec<Result<Output>>, Outcome) {
+    let arrival = Outcome {
+        fell_back: false,
+        order: (0..ops.len()).collect(),
+    };
     if let [op] = ops {
         // A group of one is exactly the call alone: no savepoint, no extra lock.
-        return (
-            vec![store.write(op.label(), |tx| op.apply(tx))],
-            Outcome::default(),
-        );
+        return (vec![store.write(op.label(), |tx| op.apply(tx))], arrival);
     }
     let mut runs: Vec<&str> = ops.iter().flat_map(|op| op.runs()).collect();
     runs.sort_unstable();
     runs.dedup();
     let mut outs: Vec<Result<Output>> = Vec::with_capacity(ops.len());
+    let mut order: Vec<usize> = Vec::with_capacity(ops.len());
     let done = store.write_dyn(GROUP_OPERATION, &mut |tx| {
         // Run again after contention: start from nothing.
         outs.clear();
+        order.clear();
         for run in &runs {
             tx.lock_run(run)?;
         }
-        for op in ops {
-            outs.push(call(tx, op)?);
+        let mut answered: Vec<Option<Result<Output>>> = match tx.batch_statements() {
+            Some(batch) => {
+                tx.set_operation(GROUP_OPERATION);
+                let merged = super::merge::apply(tx, batch, ops)?;
+                order.extend(merged.order);
+                merged.outs
+            }
+            None => ops.iter().map(|_| None).collect(),
+        };
+        for (i, op) in ops.iter().enumerate() {
+            if answered[i].is_none() {
+                answered[i] = Some(call(tx, op)?);
+                order.push(i);
+            }
         }
+        outs.extend(answered.into_iter().flatten());
         tx.set_operation(GROUP_OPERATION);
         Ok(())
     });
     match done {
-        Ok(()) => (outs, Outcome::default()),
+        Ok(()) => (
+            outs,
+            Outcome {
+                fell_back: false,
+                order,
+            },
+        ),
         // What a lone call would have met: contention past the budget, or a lost session
         // (the commit may have landed, so nothing runs again).
         Err(e) if matches!(e, LedgerError::StoreBusy { .. }) || store.lost() => {
-            (vec![Err(e); ops.len()], Outcome::default())
+            (vec![Err(e); ops.len()], arrival)
         }
         Err(_) => {
             let outs = ops
                 .iter()
                 .map(|op| store.write(op.label(), |tx| op.apply(tx)))
                 .collect();
-            (outs, Outcome { fell_back: true })
+            (
+                outs,
+                Outcome {
+                    fell_back: true,
+                    ..arrival
+                },
+            )
         }
     }
 }

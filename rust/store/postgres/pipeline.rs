@@ -185,6 +185,8 @@ impl<'a> Pipeline<'a> {
 
     /// Prepare a statement (one round trip of its own: its answer is needed to bind).
     pub(super) fn prepare(&self, text: &str) -> Result<Statement, PgError> {
+        #[cfg(test)]
+        ROUND_TRIPS.with(|c| c.set(c.get() + 1));
         self.runtime.block_on(self.client.prepare(text))
     }
 
@@ -212,22 +214,40 @@ impl<'a> Pipeline<'a> {
 
     /// Send the queued requests and `last` in one round trip; `last`'s answer.
     pub(super) fn send(&self, last: Option<Req<'_>>) -> Result<Option<Resp>, Failed> {
+        Ok(self.send_many(last.into_iter().collect())?.pop())
+    }
+
+    /// Send the queued requests and every one of `waited` in one round trip; the answers of
+    /// `waited`, in order. The first failure is the one reported: the server skips whatever
+    /// follows a failed request up to the next Sync, so the later ones fail because of it.
+    pub(super) fn send_many(&self, waited: Vec<Req<'_>>) -> Result<Vec<Resp>, Failed> {
         let queued = std::mem::take(&mut *self.queued.borrow_mut());
         let mut reqs: Vec<Req<'_>> = queued.iter().map(Queued::req).collect();
-        let waited = last.is_some();
-        reqs.extend(last);
+        let n = waited.len();
+        reqs.extend(waited);
         if reqs.is_empty() {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         self.sent.set(true);
+        #[cfg(test)]
+        ROUND_TRIPS.with(|c| c.set(c.get() + 1));
         let futures = reqs.iter().map(|r| request(self.client, r)).collect();
         let mut answers = self.runtime.block_on(in_order(futures));
-        let answer = if waited { answers.pop() } else { None };
+        let answers_waited = answers.split_off(answers.len() - n);
         if let Some(e) = answers.into_iter().find_map(Result::err) {
             return Err(Failed::Queued(e));
         }
-        answer.transpose().map_err(Failed::Waited)
+        answers_waited
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(Failed::Waited)
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Round trips this thread has waited for (prepares included), for tests that bound them.
+    pub(super) static ROUND_TRIPS: Cell<u64> = const { Cell::new(0) };
 }
 
 fn binds<'p>(params: &'p [&dyn ToSql]) -> Vec<Bind<'p>> {

@@ -53,9 +53,12 @@ pub const EVENT_HORIZON_SQL: &str = "SELECT min(s.cur - (((s.cur - l.objid::bigi
 /// ([`crate::store::Tx::batch_statements`]).
 pub static BATCH: BatchStatements = BatchStatements {
     latest_attempts: Sql::native(LATEST_ATTEMPTS_SQL),
-    reserve_attempts: Sql::native(RESERVE_ATTEMPTS_SET_SQL),
     running_attempts: Sql::native(RUNNING_ATTEMPTS_SQL),
-    finish_attempts: Sql::native(FINISH_ATTEMPTS_SET_SQL),
+    group_runs: Sql::native(GROUP_RUNS_SQL),
+    latest_attempts_group: Sql::native(LATEST_ATTEMPTS_GROUP_SQL),
+    reserve_group: Sql::native(RESERVE_GROUP_SQL),
+    finish_group: Sql::native(FINISH_GROUP_SQL),
+    heartbeat_group: Sql::native(HEARTBEAT_GROUP_SQL),
 };
 
 /// The latest attempt of each of a batch's units (PostgreSQL batch path).
@@ -80,41 +83,6 @@ pub const LATEST_ATTEMPTS_SQL: &str =
         SELECT attempt, dispatch_id, status, step_id, input_hash FROM attempts
         WHERE run_id = ?1 AND unit_id = u.unit_id ORDER BY attempt DESC LIMIT 1) l";
 
-/// Every new attempt of a batch in one statement (PostgreSQL, where a statement is a round
-/// trip): the rows arrive as one JSON array, each with its place in the batch (`ord`, from 1), and the
-/// unit projections, attempt rows and `unit.started` events are the same as the one-by-one
-/// statements write. Revisions continue from the run's newest, in batch order; the run's row
-/// lock is held. The foreign key from attempts to units is checked at the end of the statement,
-/// after both inserts. Returns the number of events written (one per attempt).
-pub const RESERVE_ATTEMPTS_SET_SQL: &str = concat!(
-    "WITH x AS (
-        SELECT * FROM json_to_recordset(CAST(?2 AS TEXT)::json) AS t(
-            unit_id TEXT, step_id TEXT, node_id TEXT, parent_unit_id TEXT, phase TEXT,
-            runner TEXT, engine TEXT, model TEXT, input_hash TEXT, worktree_path TEXT,
-            holder TEXT, attempt BIGINT, dispatch_id TEXT, payload TEXT, ord BIGINT)
-    ), u AS (
-        INSERT INTO units(run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner,
-            engine, model, input_hash, worktree_path, status, claim_holder, attempts,
-            first_started_at, started_at)
-        SELECT ?1, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model,
-            input_hash, worktree_path, 'running', holder, attempt, ?3, ?3 FROM x
-",
-    units_reserve_upsert!(),
-    "
-    ), a AS (
-        INSERT INTO attempts(run_id, unit_id, attempt, dispatch_id, step_id, node_id, phase,
-            input_hash, status, holder, lease_generation, started_at)
-        SELECT ?1, unit_id, attempt, dispatch_id, step_id, node_id, phase, input_hash,
-            'running', holder, CAST(?6 AS BIGINT), ?3 FROM x
-    )
-    INSERT INTO events(resource_id, revision, type, actor_type, actor_id, generation, payload,
-        ts)
-    SELECT ?1, base.r + x.ord, 'unit.started', CAST(?4 AS TEXT), CAST(?5 AS TEXT),
-        CAST(?6 AS BIGINT), x.payload, ?3
-    FROM x, (SELECT coalesce(max(revision), 0) AS r FROM events WHERE resource_id = ?1) base
-    ORDER BY x.ord"
-);
-
 /// Which of a batch's finishes name a still-running attempt, with the attempt's step and
 /// phase for the event (PostgreSQL batch path; the runs' row locks are held).
 pub const RUNNING_ATTEMPTS_SQL: &str =
@@ -127,20 +95,92 @@ pub const RUNNING_ATTEMPTS_SQL: &str =
           AND attempt = x.attempt AND status = 'running'
         OFFSET 0) a";
 
-/// Every winning finish of a batch in one statement (PostgreSQL): the same compare-and-set,
-/// projection update and `unit.finished` event as the one-by-one statements, revisions
-/// continuing per run in batch order. Returns the rows each part wrote; the caller refuses
-/// (rolls back) unless all three equal the batch.
+// ------------------------------------------------------------------ groups
+
+/// What a group of calls needs to know of each of its runs, in one statement: the run's state
+/// (as `RUN_STATUS_SQL` reads it), and its lease's fence (generation, token hash, expiry, owner). A run
+/// without a row is missing from the answer; a run never claimed has NULL lease columns.
+pub const GROUP_RUNS_SQL: &str =
+    "SELECT r.run_id, r.status, r.current_step_id, r.scope_key, r.workflow_ref, l.generation,
+        l.token_hash, l.expires_at, l.owner_type, l.owner_id
+    FROM json_array_elements_text(CAST(?1 AS TEXT)::json) AS x(run_id)
+    JOIN runs r ON r.run_id = x.run_id
+    LEFT JOIN leases l ON l.resource_id = x.run_id";
+
+/// The latest attempt of each (run, unit) of a group's reservations, over many runs (see
+/// [`LATEST_ATTEMPTS_SQL`] for why `LATERAL`).
+pub const LATEST_ATTEMPTS_GROUP_SQL: &str =
+    "SELECT x.run_id, x.unit_id, l.attempt, l.dispatch_id, l.status, l.step_id, l.input_hash
+    FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS x(run_id TEXT, unit_id TEXT)
+    CROSS JOIN LATERAL (
+        SELECT attempt, dispatch_id, status, step_id, input_hash FROM attempts
+        WHERE run_id = x.run_id AND unit_id = x.unit_id ORDER BY attempt DESC LIMIT 1) l";
+
+/// Every new attempt of a batch or group in one statement (where a statement is a round
+/// trip): the rows arrive as one JSON array, each with its run, its actor, generation and time
+/// (the calls of a group each have their own) and its place (`ord`, from 1), and the unit
+/// projections, attempt rows and `unit.started` events are the ones the one-by-one statements
+/// write. Revisions continue per run from its newest, in `ord` order, so they are the ones
+/// the calls would take one by one in that order; the runs' row locks are held. No (run, unit)
+/// appears twice (an upsert cannot touch one row twice in a statement): the callers send a
+/// unit's second reservation down the one-by-one path. The foreign key from attempts to units
+/// is checked at the end of the statement, after both inserts. Returns the rows each part
+/// wrote (units, attempts, events); the caller refuses (rolls back) unless all three equal the
+/// rows sent.
+pub const RESERVE_GROUP_SQL: &str = concat!(
+    "WITH x AS (
+        SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
+            run_id TEXT, unit_id TEXT, step_id TEXT, node_id TEXT, parent_unit_id TEXT,
+            phase TEXT, runner TEXT, engine TEXT, model TEXT, input_hash TEXT,
+            worktree_path TEXT, holder TEXT, attempt BIGINT, dispatch_id TEXT, payload TEXT,
+            actor_type TEXT, actor_id TEXT, generation BIGINT, ts BIGINT, ord BIGINT)
+    ), u AS (
+        INSERT INTO units(run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner,
+            engine, model, input_hash, worktree_path, status, claim_holder, attempts,
+            first_started_at, started_at)
+        SELECT run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model,
+            input_hash, worktree_path, 'running', holder, attempt, ts, ts FROM x
+",
+    units_reserve_upsert!(),
+    "
+        RETURNING 1
+    ), a AS (
+        INSERT INTO attempts(run_id, unit_id, attempt, dispatch_id, step_id, node_id, phase,
+            input_hash, status, holder, lease_generation, started_at)
+        SELECT run_id, unit_id, attempt, dispatch_id, step_id, node_id, phase, input_hash,
+            'running', holder, generation, ts FROM x
+        RETURNING 1
+    ), e AS (
+        INSERT INTO events(resource_id, revision, type, actor_type, actor_id, generation,
+            payload, ts)
+        SELECT x.run_id,
+            coalesce(b.r, 0) + row_number() OVER (PARTITION BY x.run_id ORDER BY x.ord),
+            'unit.started', x.actor_type, x.actor_id, x.generation, x.payload, x.ts
+        FROM x LEFT JOIN (
+            SELECT d.run_id,
+                (SELECT max(revision) FROM events WHERE resource_id = d.run_id) AS r
+            FROM (SELECT DISTINCT run_id FROM x) d
+        ) b ON b.run_id = x.run_id
+        ORDER BY x.ord
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM a), (SELECT count(*) FROM e)"
+);
+
+/// Every winning finish of a batch or group in one statement: the same compare-and-set,
+/// projection update and `unit.finished` event as the one-by-one statements, each row with its
+/// own actor, generation and time, revisions continuing per run in `ord` order. Returns the
+/// rows each part wrote; the caller refuses (rolls back) unless all three equal the rows sent.
 ///
 /// Rows are found by key (`fa`, `fu`: one index probe each, see [`LATEST_ATTEMPTS_SQL`]) and
 /// updated by `ctid`, a parameterized TID scan. A `ctid` is only stable while nobody else
 /// updates the row: every writer of a run's attempts and units holds the run's row lock first,
 /// and this statement runs under the locks of all its runs.
-pub const FINISH_ATTEMPTS_SET_SQL: &str = "WITH x AS (
+pub const FINISH_GROUP_SQL: &str = "WITH x AS (
         SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
             run_id TEXT, unit_id TEXT, attempt BIGINT, dispatch_id TEXT, status TEXT,
             result TEXT, tokens BIGINT, failure_reason TEXT, session_id TEXT, payload TEXT,
-            ord BIGINT)
+            actor_type TEXT, actor_id TEXT, generation BIGINT, ts BIGINT, ord BIGINT)
     ), fa AS (
         SELECT x.*, a.tid FROM x CROSS JOIN LATERAL (
             SELECT ctid AS tid FROM attempts
@@ -149,7 +189,7 @@ pub const FINISH_ATTEMPTS_SET_SQL: &str = "WITH x AS (
             OFFSET 0) a
     ), f AS (
         UPDATE attempts a SET status = fa.status, result = fa.result, tokens = fa.tokens,
-            failure_reason = fa.failure_reason, session_id = fa.session_id, finished_at = ?2
+            failure_reason = fa.failure_reason, session_id = fa.session_id, finished_at = fa.ts
         FROM fa WHERE a.ctid = fa.tid
         RETURNING 1
     ), fu AS (
@@ -160,7 +200,7 @@ pub const FINISH_ATTEMPTS_SET_SQL: &str = "WITH x AS (
             OFFSET 0) n
     ), u AS (
         UPDATE units n SET status = fu.status, result = fu.result, tokens = fu.tokens,
-            failure_reason = fu.failure_reason, session_id = fu.session_id, finished_at = ?2
+            failure_reason = fu.failure_reason, session_id = fu.session_id, finished_at = fu.ts
         FROM fu WHERE n.ctid = fu.tid
         RETURNING 1
     ), e AS (
@@ -168,17 +208,28 @@ pub const FINISH_ATTEMPTS_SET_SQL: &str = "WITH x AS (
             payload, ts)
         SELECT x.run_id,
             coalesce(b.r, 0) + row_number() OVER (PARTITION BY x.run_id ORDER BY x.ord),
-            'unit.finished', CAST(?3 AS TEXT), CAST(?4 AS TEXT), CAST(?5 AS BIGINT),
-            x.payload, ?2
+            'unit.finished', x.actor_type, x.actor_id, x.generation, x.payload, x.ts
         FROM x LEFT JOIN (
-            SELECT d.run_id AS resource_id,
+            SELECT d.run_id,
                 (SELECT max(revision) FROM events WHERE resource_id = d.run_id) AS r
             FROM (SELECT DISTINCT run_id FROM x) d
-        ) b ON b.resource_id = x.run_id
+        ) b ON b.run_id = x.run_id
         ORDER BY x.ord
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM u), (SELECT count(*) FROM e)";
+
+/// Every renewed lease of a group in one statement, one row per run (the last heartbeat of a
+/// run in the group: what one by one leaves). The WHERE repeats the generation and token the
+/// caller already judged, so a row that does not match is missing from the count and the group
+/// is refused. Not the expiry: an earlier heartbeat of the group may be what keeps it live.
+pub const HEARTBEAT_GROUP_SQL: &str =
+    "UPDATE leases l SET heartbeat_at = x.heartbeat_at, expires_at = x.expires_at
+    FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS x(
+        run_id TEXT, generation BIGINT, token_hash TEXT, heartbeat_at BIGINT, expires_at BIGINT)
+    WHERE l.resource_id = x.run_id AND l.generation = x.generation
+      AND l.token_hash = x.token_hash
+    RETURNING 1";
 
 // ------------------------------------------------------------------ opening and migrating
 

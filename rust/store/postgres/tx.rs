@@ -322,6 +322,39 @@ impl crate::store::Tx for Tx<'_> {
         step.statements().iter().try_for_each(|text| queue(text))
     }
 
+    /// One round trip for all of them, behind whatever is queued.
+    fn query_many(
+        &self,
+        queries: &[(&Sql, &[&dyn ToSql])],
+        each: &mut dyn FnMut(usize, &dyn Row) -> DbResult<()>,
+    ) -> DbResult<()> {
+        let statements = queries
+            .iter()
+            .map(|(sql, _)| self.statement(sql.postgres, false))
+            .collect::<DbResult<Vec<_>>>()?;
+        let reqs = statements
+            .iter()
+            .zip(queries)
+            .map(|(statement, (_, params))| Req::query(statement, params))
+            .collect();
+        let answers = self.pipe.send_many(reqs).map_err(|failed| match failed {
+            Failed::Queued(e) | Failed::Waited(e) => self.classify(&e, false),
+        })?;
+        for (i, answer) in answers.iter().enumerate() {
+            if let Resp::Rows(rows) = answer {
+                for row in rows {
+                    each(i, &PgRow(row))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[cfg(test)]
+    fn round_trips(&self) -> u64 {
+        super::pipeline::ROUND_TRIPS.with(std::cell::Cell::get)
+    }
+
     fn set_operation(&self, op: &'static str) {
         self.op.set(op);
     }

@@ -1,15 +1,17 @@
 """The concurrency curve: reserve + finish per unit from 1, 4, 16 and 64 threads sharing one
-Ledger, with group commit on and off, on SQLite (normal and full) and PostgreSQL (normal); and
-in the same run the peers at the same work, pgqueuer workers (enqueue + dequeue + complete per
-job, benches/peer_pg.py's statements) at 1, 4 and 16, and huey consumers (enqueue, dequeue and
-execute per task, benches/peer_huey.py) at 16, at synchronous NORMAL and at huey's default FULL.
+Ledger, with group commit on and off, and from 1 000 and 10 000 coroutines on one AsyncLedger,
+on SQLite (normal and full) and PostgreSQL (normal and full); and in the same run the peers at
+the same work, pgqueuer workers (enqueue + dequeue + complete per job, benches/peer_pg.py's
+statements) at 1, 4 and 16 (and 16 at full), and huey consumers (enqueue, dequeue and execute
+per task, benches/peer_huey.py) at 16, at synchronous NORMAL and at huey's default FULL.
 
 Each size is one round of a fixed number of units split evenly over the callers (a throughput
 figure, not a latency distribution): ``extra_info`` holds ``callers`` and ``units_per_s``, and
-for fencepost the writer's counts (``groups``, ``calls``, ``max_group``), the machine's CPU
-busy share and this process's share of it (the rest is PostgreSQL's backends and the kernel).
-benches/ratios.py prints the curve. The rates are measured here, around the threads, so they
-are recorded with ``--benchmark-disable`` too.
+for fencepost the writer's counts (``groups``, ``calls``, ``max_group``, time in transaction),
+the machine's CPU busy share and this process's share of it (the rest is PostgreSQL's backends
+and the kernel); the coroutine rounds add the event loop's longest stall. benches/ratios.py
+prints the curve. The rates are measured here, around the threads, so they are recorded with
+``--benchmark-disable`` too.
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ from benches.peer_pg import ENTRYPOINT, HEARTBEAT_TIMEOUT, PAYLOAD, PgQueuePeer,
 CALLERS = [1, 4, 16, 64]
 PEER_WORKERS = [1, 4, 16]
 # Units per round, a multiple of 64: about a second at today's one-transaction-per-call rates.
-UNITS = {"sqlite normal": 8192, "sqlite full": 640, "postgres normal": 1920}
+UNITS = {
+    "sqlite normal": 8192,
+    "sqlite full": 640,
+    "postgres normal": 1920,
+    "postgres full": 1920,
+}
+COROUTINES = [1000, 10_000]
 PEER_JOBS = 1920
 HUEY_TASKS = 640
 STEPS = [{"id": "s"}]
@@ -99,13 +107,16 @@ def _record(
 
 @contextlib.contextmanager
 def _ledger(store: str, grouped: bool, tmp_path: pathlib.Path) -> Iterator[fp.Ledger]:
+    durability = "full" if store.endswith("full") else "normal"
     if store.startswith("postgres"):
         from tests.conftest import pg_schema
 
-        with pg_schema() as url, fp.Ledger.open(plaintext(url), group_commit=grouped) as ledger:
+        with (
+            pg_schema() as url,
+            fp.Ledger.open(plaintext(url), durability=durability, group_commit=grouped) as ledger,  # type: ignore[arg-type]
+        ):
             yield ledger
         return
-    durability = "full" if store.endswith("full") else "normal"
     path = str(tmp_path / "bench.db")
     with fp.Ledger.open(path, durability=durability, group_commit=grouped) as ledger:  # type: ignore[arg-type]
         yield ledger
@@ -145,6 +156,62 @@ def bench_fencepost_threads(
         assert out["max_group"] == 1
     impl = "fencepost grouped" if grouped else "fencepost ungrouped"
     _record(benchmark, store, impl, callers, per * callers, out)
+
+
+@pytest.mark.parametrize("coroutines", COROUTINES)
+@pytest.mark.parametrize("store", list(UNITS))
+def bench_fencepost_coroutines(
+    benchmark: Any, store: str, coroutines: int, tmp_path: pathlib.Path
+) -> None:
+    """``coroutines`` coroutines on one AsyncLedger (one event loop, one thread), each
+    reserving and finishing one unit: the calls queue on the writer with a future each. Also
+    records the loop's longest stall, seen by a ticker that sleeps 1 ms at a time."""
+    from fencepost.aio import AsyncLedger
+
+    with _ledger(store, True, tmp_path) as ledger:
+        aledger = AsyncLedger(ledger)
+        run_id = ledger.start_run(
+            "bench", scope_key=None, steps=STEPS, run_id=f"run-{uuid.uuid4().hex[:8]}", force=True
+        ).run_id
+
+        async def one(i: int) -> None:
+            res = await aledger.reserve_attempt(run_id, f"c{i}", step_id="s")
+            won = await aledger.finish_attempt(
+                run_id, res.unit_id, res.attempt, res.dispatch_id, status="completed"
+            )
+            assert won
+
+        async def main() -> float:
+            stall = 0.0
+            done = False
+
+            async def ticker() -> None:
+                nonlocal stall
+                last = time.perf_counter()
+                while not done:
+                    await asyncio.sleep(0.001)
+                    now = time.perf_counter()
+                    stall = max(stall, now - last)
+                    last = now
+
+            tick = asyncio.ensure_future(ticker())
+            await asyncio.gather(*(one(i) for i in range(coroutines)))
+            done = True
+            await tick
+            return stall
+
+        out: dict[str, Any] = {}
+
+        def go() -> None:
+            stall: list[float] = []
+            out.update(_threads(1, lambda _: stall.append(asyncio.run(main()))))
+            out["max_stall_ms"] = round(stall[0] * 1000, 1)
+
+        benchmark.pedantic(go, rounds=1, iterations=1)
+        out.update(ledger._core.group_stats())
+        acc = ledger.accounting(run_id)
+    assert acc.total_attempts == coroutines
+    _record(benchmark, store, "fencepost coroutines", coroutines, coroutines, out)
 
 
 # ------------------------------------------------------------------ pgqueuer workers
@@ -233,10 +300,16 @@ class _PgWorkers:
         self.peer.close()
 
 
-@pytest.mark.parametrize("workers", PEER_WORKERS)
-def bench_pgqueuer_workers(benchmark: Any, workers: int) -> None:
+@pytest.mark.parametrize(
+    ("store", "workers"),
+    [("postgres normal", w) for w in PEER_WORKERS] + [("postgres full", 16)],
+)
+def bench_pgqueuer_workers(benchmark: Any, store: str, workers: int) -> None:
+    """``normal`` is ``synchronous_commit=off``, as fencepost's normal durability; ``full``
+    waits for the WAL flush, as fencepost's full."""
     schema = f"fpb_peer_{uuid.uuid4().hex[:12]}"
-    peer = _PgWorkers(pg_url(), schema, workers, synchronous_commit=False)
+    full = store.endswith("full")
+    peer = _PgWorkers(pg_url(), schema, workers, synchronous_commit=full)
     try:
         jobs = PEER_JOBS // workers * workers
         out: dict[str, Any] = {}
@@ -260,7 +333,7 @@ def bench_pgqueuer_workers(benchmark: Any, workers: int) -> None:
         assert peer.peer.completed() == jobs
     finally:
         peer.close()
-    _record(benchmark, "postgres normal", "pgqueuer", workers, jobs, out)
+    _record(benchmark, store, "pgqueuer", workers, jobs, out)
 
 
 # ------------------------------------------------------------------ huey consumers

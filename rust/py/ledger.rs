@@ -96,7 +96,7 @@ impl PyLedger {
             })
             .map_err(|e| to_pyerr(py, e))?;
         store.label().clone_into(&mut this.target);
-        let cfg = Config::new(group_commit, busy_timeout_ms);
+        let cfg = Config::new(group_commit, busy_timeout_ms, url.is_some());
         this.writer = Some(Arc::new(Writer::new(store, cfg)));
         Ok(this)
     }

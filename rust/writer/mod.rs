@@ -49,11 +49,20 @@ pub struct Config {
 
 impl Config {
     /// The settings of a ledger: grouping on or off, draining within the busy budget.
-    pub fn new(group_commit: bool, busy_timeout_ms: u64) -> Self {
+    /// `subtransactions_cost` says the store's savepoints are shared state (PostgreSQL).
+    pub fn new(group_commit: bool, busy_timeout_ms: u64, subtransactions_cost: bool) -> Self {
+        let max_calls = match (group_commit, subtransactions_cost) {
+            (false, _) => 1,
+            // PostgreSQL's subtransaction cache: more than 64 savepoints that write in one
+            // transaction slow every session's snapshots.
+            (true, true) => 32,
+            // SQLite's savepoints are private to the connection; the weight cap bounds how
+            // long a group holds the write lock. More calls per group share one sync more
+            // widely when many callers wait (64 threads at `durability="full"`).
+            (true, false) => 256,
+        };
         Self {
-            // Bounded on PostgreSQL by its subtransaction cache: more than 64 savepoints that
-            // write in one transaction slow every session's snapshots.
-            max_calls: if group_commit { 32 } else { 1 },
+            max_calls,
             max_weight: 2048,
             capacity: 4096,
             drain_ms: busy_timeout_ms.max(1000),

@@ -32,9 +32,6 @@ use crate::status::{AttemptStatus, RunState};
 use crate::store::{BatchStatements, DbResult, Row, Tx};
 use crate::writer::op::{Op, Output};
 
-/// The name of the group's own statements in messages.
-const OPERATION: &str = "committing grouped calls";
-
 /// What the merge made of a group: per call, its result, or `None` when declined; and the
 /// calls it answered, in the order it applied them.
 pub(crate) struct Merged {
@@ -400,22 +397,12 @@ fn reserve(
     Some(Ok(Output::Reservations(out)))
 }
 
-/// One statement per kind, in the kinds' order; each must write exactly its rows.
+/// One statement per kind, in the kinds' order; each must write exactly its rows. All are
+/// queued: they go out with the commit, which fails if any count differs.
 fn write(tx: &dyn Tx, batch: &BatchStatements, writes: Writes) -> Result<()> {
-    if !writes.heartbeats.is_empty() {
-        let n = writes.heartbeats.len();
-        let rows = Value::Array(writes.heartbeats.into_iter().map(|(_, v)| v).collect());
-        let changed = tx.exec(&batch.heartbeat_group, params![into_text(to_vec(&rows))])?;
-        if changed != n {
-            return Err(LedgerError::StoreError {
-                operation: OPERATION.into(),
-                message: format!(
-                    "{n} heartbeats of a group renewed {changed} leases; nothing kept"
-                ),
-            });
-        }
-    }
-    write_rows(tx, &batch.finish_group, OPERATION, writes.finishes)?;
-    write_rows(tx, &batch.reserve_group, OPERATION, writes.reserves)?;
+    let heartbeats = writes.heartbeats.into_iter().map(|(_, v)| v).collect();
+    write_rows(tx, &batch.heartbeat_group, heartbeats)?;
+    write_rows(tx, &batch.finish_group, writes.finishes)?;
+    write_rows(tx, &batch.reserve_group, writes.reserves)?;
     Ok(())
 }

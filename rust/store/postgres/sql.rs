@@ -116,6 +116,22 @@ pub const LATEST_ATTEMPTS_GROUP_SQL: &str =
         SELECT attempt, dispatch_id, status, step_id, input_hash FROM attempts
         WHERE run_id = x.run_id AND unit_id = x.unit_id ORDER BY attempt DESC LIMIT 1) l";
 
+/// Every statement of a batch or group checks its own row counts and fails the transaction
+/// when one differs from the rows sent (`?2`): a failing cast is plain SQL's way to raise.
+/// So the statement needs no answer and rides with the commit: a group's writes cost no round
+/// trip of their own, and the run locks are held one round trip less. A failure surfaces at the
+/// commit and rolls everything back, as a count checked by the caller would.
+macro_rules! counts_or_fail {
+    ($counts:literal) => {
+        concat!(
+            "SELECT CAST(CASE WHEN ",
+            $counts,
+            " THEN '0' ELSE 'fencepost: a batch statement wrote another number of rows than \
+             it was sent; nothing of the transaction was kept' END AS INTEGER)"
+        )
+    };
+}
+
 /// Every new attempt of a batch or group in one statement (where a statement is a round
 /// trip): the rows arrive as one JSON array, each with its run, its actor, generation and time
 /// (the calls of a group each have their own) and its place (`ord`, from 1), and the unit
@@ -124,9 +140,9 @@ pub const LATEST_ATTEMPTS_GROUP_SQL: &str =
 /// the calls would take one by one in that order; the runs' row locks are held. No (run, unit)
 /// appears twice (an upsert cannot touch one row twice in a statement): the callers send a
 /// unit's second reservation down the one-by-one path. The foreign key from attempts to units
-/// is checked at the end of the statement, after both inserts. Returns the rows each part
-/// wrote (units, attempts, events); the caller refuses (rolls back) unless all three equal the
-/// rows sent.
+/// is checked at the end of the statement, after both inserts. Each part
+/// (units, attempts, events) must write exactly the rows sent, or the transaction fails (see
+/// `counts_or_fail`).
 pub const RESERVE_GROUP_SQL: &str = concat!(
     "WITH x AS (
         SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
@@ -164,19 +180,25 @@ pub const RESERVE_GROUP_SQL: &str = concat!(
         ORDER BY x.ord
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM a), (SELECT count(*) FROM e)"
+    ",
+    counts_or_fail!(
+        "(SELECT count(*) FROM u) = CAST(?2 AS BIGINT)
+        AND (SELECT count(*) FROM a) = CAST(?2 AS BIGINT)
+        AND (SELECT count(*) FROM e) = CAST(?2 AS BIGINT)"
+    )
 );
 
 /// Every winning finish of a batch or group in one statement: the same compare-and-set,
 /// projection update and `unit.finished` event as the one-by-one statements, each row with its
-/// own actor, generation and time, revisions continuing per run in `ord` order. Returns the
-/// rows each part wrote; the caller refuses (rolls back) unless all three equal the rows sent.
+/// own actor, generation and time, revisions continuing per run in `ord` order. Each part must
+/// write exactly the rows sent, or the transaction fails (see `counts_or_fail`).
 ///
 /// Rows are found by key (`fa`, `fu`: one index probe each, see [`LATEST_ATTEMPTS_SQL`]) and
 /// updated by `ctid`, a parameterized TID scan. A `ctid` is only stable while nobody else
 /// updates the row: every writer of a run's attempts and units holds the run's row lock first,
 /// and this statement runs under the locks of all its runs.
-pub const FINISH_GROUP_SQL: &str = "WITH x AS (
+pub const FINISH_GROUP_SQL: &str = concat!(
+    "WITH x AS (
         SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
             run_id TEXT, unit_id TEXT, attempt BIGINT, dispatch_id TEXT, status TEXT,
             result TEXT, tokens BIGINT, failure_reason TEXT, session_id TEXT, payload TEXT,
@@ -217,19 +239,30 @@ pub const FINISH_GROUP_SQL: &str = "WITH x AS (
         ORDER BY x.ord
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM u), (SELECT count(*) FROM e)";
+    ",
+    counts_or_fail!(
+        "(SELECT count(*) FROM f) = CAST(?2 AS BIGINT)
+        AND (SELECT count(*) FROM u) = CAST(?2 AS BIGINT)
+        AND (SELECT count(*) FROM e) = CAST(?2 AS BIGINT)"
+    )
+);
 
 /// Every renewed lease of a group in one statement, one row per run (the last heartbeat of a
 /// run in the group: what one by one leaves). The WHERE repeats the generation and token the
 /// caller already judged, so a row that does not match is missing from the count and the group
 /// is refused. Not the expiry: an earlier heartbeat of the group may be what keeps it live.
-pub const HEARTBEAT_GROUP_SQL: &str =
-    "UPDATE leases l SET heartbeat_at = x.heartbeat_at, expires_at = x.expires_at
-    FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS x(
-        run_id TEXT, generation BIGINT, token_hash TEXT, heartbeat_at BIGINT, expires_at BIGINT)
-    WHERE l.resource_id = x.run_id AND l.generation = x.generation
-      AND l.token_hash = x.token_hash
-    RETURNING 1";
+pub const HEARTBEAT_GROUP_SQL: &str = concat!(
+    "WITH h AS (
+        UPDATE leases l SET heartbeat_at = x.heartbeat_at, expires_at = x.expires_at
+        FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS x(
+            run_id TEXT, generation BIGINT, token_hash TEXT, heartbeat_at BIGINT,
+            expires_at BIGINT)
+        WHERE l.resource_id = x.run_id AND l.generation = x.generation
+          AND l.token_hash = x.token_hash
+        RETURNING 1
+    ) ",
+    counts_or_fail!("(SELECT count(*) FROM h) = CAST(?2 AS BIGINT)")
+);
 
 // ------------------------------------------------------------------ opening and migrating
 

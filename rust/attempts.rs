@@ -126,24 +126,15 @@ fn reserve_set(
             continue;
         }
         let attempt = l.map_or(1, |l| l.0 + 1);
-        rows.push(new_attempt_row(
+        out.push(new_attempt(
+            &mut rows,
             run_id,
             u,
             attempt,
             dispatch_id,
             actor,
             now_ms,
-            rows.len(),
         ));
-        out.push(Reservation {
-            run_id: run_id.to_owned(),
-            unit_id: u.unit_id.clone(),
-            kind: ReservationKind::Reserved,
-            attempt,
-            dispatch_id: dispatch_id.clone(),
-            reclaims: 0,
-            lease_generation: actor.generation,
-        });
     }
     write_rows(tx, &batch.reserve_group, rows)?;
     Ok(out)
@@ -170,8 +161,39 @@ fn actor_columns(actor: &Actor<'_>, now_ms: i64) -> [(String, Value); 4] {
     ]
 }
 
+/// A new attempt for the set-based reserve statement: its row goes at the end of `rows` (its
+/// place is its `ord`), and the caller gets the reservation the row makes.
+pub(crate) fn new_attempt(
+    rows: &mut Vec<Value>,
+    run_id: &str,
+    u: &UnitSpec,
+    attempt: i64,
+    dispatch_id: &str,
+    actor: &Actor<'_>,
+    now_ms: i64,
+) -> Reservation {
+    rows.push(new_attempt_row(
+        run_id,
+        u,
+        attempt,
+        dispatch_id,
+        actor,
+        now_ms,
+        rows.len(),
+    ));
+    Reservation {
+        run_id: run_id.to_owned(),
+        unit_id: u.unit_id.clone(),
+        kind: ReservationKind::Reserved,
+        attempt,
+        dispatch_id: dispatch_id.to_owned(),
+        reclaims: 0,
+        lease_generation: actor.generation,
+    }
+}
+
 /// A new attempt's row for the set-based reservation statement, the `index`-th of its batch.
-pub(crate) fn new_attempt_row(
+fn new_attempt_row(
     run_id: &str,
     u: &UnitSpec,
     attempt: i64,

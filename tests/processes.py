@@ -3,10 +3,14 @@ report each call's outcome without raising, and check a ledger's invariants afte
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import fencepost as fp
@@ -95,3 +99,40 @@ def check_invariants(path: str) -> int:
     assert max_attempts == 0
     assert all(unit_status == attempt_status for _, _, unit_status, attempt_status in latest)
     return len(attempts)
+
+
+_HOLD_SQLITE = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+db.execute("ROLLBACK")
+"""
+
+
+@contextlib.contextmanager
+def held_write_lock(target: str, run_id: str) -> Iterator[None]:
+    """Hold the write lock a ledger's calls on ``run_id`` need while the body runs: SQLite's one
+    write lock (from another process: POSIX locks never conflict within one), or the run's
+    row on PostgreSQL. Calls made meanwhile queue behind it, so they land in one group."""
+    if target.startswith("postgresql://"):
+        with raw_db(target) as db:
+            db.execute("BEGIN")
+            db.execute("SELECT 1 FROM runs WHERE run_id = ? FOR UPDATE", (run_id,))
+            yield
+            db.execute("ROLLBACK")
+        return
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLD_SQLITE, target],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stdout.readline().strip() == "locked"
+        yield
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.wait(10)

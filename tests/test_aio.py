@@ -6,7 +6,6 @@ rest run in worker threads with the GIL released."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import gc
 import inspect
@@ -17,14 +16,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
 
 import fencepost as fp
 from fencepost.aio import IN_FLIGHT, AsyncLedger
-from tests.conftest import FakeClock, raw_db
+from tests.conftest import FakeClock
+from tests.processes import held_write_lock
 
 
 def test_every_public_ledger_method_has_a_coroutine() -> None:
@@ -325,53 +325,20 @@ def test_close_answers_every_queued_call(target: str) -> None:
     asyncio.run(main())
 
 
-_HOLD_SQLITE = """
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-sys.stdin.readline()
-db.execute("ROLLBACK")
-"""
-
-
-@contextlib.contextmanager
-def _held(target: str, run_id: str) -> Iterator[None]:
-    """Hold the write lock the calls need while the body runs: SQLite's one write lock (from
-    another process: POSIX locks never conflict within one), or the run's row."""
-    if target.startswith("postgresql://"):
-        with raw_db(target) as db:
-            db.execute("BEGIN")
-            db.execute("SELECT 1 FROM runs WHERE run_id = ? FOR UPDATE", (run_id,))
-            yield
-            db.execute("ROLLBACK")
-        return
-    with subprocess.Popen(
-        [sys.executable, "-c", _HOLD_SQLITE, target],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        assert proc.stdout is not None
-        assert proc.stdin is not None
-        assert proc.stdout.readline().strip() == "locked"
-        yield
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        proc.wait(10)
-
-
 def test_close_fails_the_calls_it_could_not_run(target: str) -> None:
     # The store stays locked by someone else: the group in flight waits out its budget and
     # fails StoreBusy, close() stops draining after its bound and fails the calls still queued
     # with StoreError; nothing was written.
     async def main() -> None:
-        ledger = await AsyncLedger.open(target, busy_timeout_ms=200)
+        # Each group waits out the 400 ms budget; close() drains for 1 s. A thousand calls
+        # make at least four groups (256 calls at most each on SQLite, 32 on PostgreSQL), so
+        # some are still queued when the drain ends.
+        ledger = await AsyncLedger.open(target, busy_timeout_ms=400)
         await ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r", force=True)
-        with _held(target, "r"):
+        with held_write_lock(target, "r"):
             tasks = [
                 asyncio.ensure_future(ledger.reserve_attempt("r", f"u{i}", step_id="s"))
-                for i in range(500)
+                for i in range(1000)
             ]
             await asyncio.sleep(0.05)
             await ledger.close()

@@ -4,19 +4,14 @@ the outcome it would have alone."""
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import fencepost as fp
-from tests.conftest import raw_db
-from tests.processes import check_invariants
+from tests.processes import check_invariants, held_write_lock
 
 THREADS = 16
 UNITS = 20
@@ -85,42 +80,6 @@ def test_group_commit_off_runs_every_call_alone(target: str) -> None:
         assert stats["calls"] == stats["groups"] == 20
 
 
-_HOLD_SQLITE = """
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-sys.stdin.readline()
-db.execute("ROLLBACK")
-"""
-
-
-@contextlib.contextmanager
-def _held(target: str, run_id: str) -> Iterator[None]:
-    """Hold the write lock the dummy call needs while the body runs: SQLite's one write lock
-    (from another process: POSIX locks never conflict within one), or the run's row."""
-    if target.startswith("postgresql://"):
-        with raw_db(target) as db:
-            db.execute("BEGIN")
-            db.execute("SELECT 1 FROM runs WHERE run_id = ? FOR UPDATE", (run_id,))
-            yield
-            db.execute("ROLLBACK")
-        return
-    with subprocess.Popen(
-        [sys.executable, "-c", _HOLD_SQLITE, target],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        assert proc.stdout is not None
-        assert proc.stdin is not None
-        assert proc.stdout.readline().strip() == "locked"
-        yield
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        proc.wait(10)
-
-
 def test_a_stale_owner_and_the_new_owner_in_one_group(target: str) -> None:
     with fp.Ledger.open(target, busy_timeout_ms=10_000) as ledger:
         run = _start(ledger, "fenced")
@@ -138,7 +97,7 @@ def test_a_stale_owner_and_the_new_owner_in_one_group(target: str) -> None:
             except fp.LedgerError as e:
                 out[name] = e
 
-        with _held(target, dummy):
+        with held_write_lock(target, dummy):
             lead = threading.Thread(
                 target=call,
                 args=("dummy", lambda: ledger.reserve_attempt(dummy, "u", step_id="s")),
@@ -222,7 +181,7 @@ def test_claims_moves_and_steps_keep_their_outcomes_in_one_group(target: str) ->
                 out[name] = e
 
         groups_before = ledger._core.group_stats()["groups"]
-        with _held(target, dummy):
+        with held_write_lock(target, dummy):
             lead = threading.Thread(
                 target=call,
                 args=("dummy", lambda: ledger.reserve_attempt(dummy, "u", step_id="s")),

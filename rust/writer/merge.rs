@@ -21,12 +21,12 @@
 
 use std::collections::HashMap;
 
-use crate::attempts::{finish_row, new_attempt_row, write_rows, FinishSpec, UnitSpec};
+use crate::attempts::{finish_row, new_attempt, write_rows, FinishSpec, UnitSpec};
 use crate::canonical::{into_text, to_vec, Value};
 use crate::errors::{LedgerError, Result};
 use crate::events::Actor;
 use crate::leases::{self, Fence, FenceRow};
-use crate::model::{Claim, Reservation, ReservationKind};
+use crate::model::Claim;
 use crate::params;
 use crate::status::{AttemptStatus, RunState};
 use crate::store::{BatchStatements, DbResult, Row, Tx};
@@ -374,25 +374,15 @@ fn reserve(
                 running: true,
             },
         );
-        let index = writes.reserves.len();
-        writes.reserves.push(new_attempt_row(
+        out.push(new_attempt(
+            &mut writes.reserves,
             run_id,
             u,
             attempt,
             dispatch_id,
             &actor,
             now_ms,
-            index,
         ));
-        out.push(Reservation {
-            run_id: run_id.to_owned(),
-            unit_id: u.unit_id.clone(),
-            kind: ReservationKind::Reserved,
-            attempt,
-            dispatch_id: dispatch_id.clone(),
-            reclaims: 0,
-            lease_generation: actor.generation,
-        });
     }
     Some(Ok(Output::Reservations(out)))
 }

@@ -75,23 +75,31 @@ fn list(
         ));
     }
     let types_json = types.map(json_array);
-    tx.rows(
-        &sql::LIST_EVENTS_SQL,
-        params![after_seq, resource, types_json, limit, horizon],
-        |r| {
-            Ok(Event {
-                seq: r.get(0)?,
-                resource_id: r.get(1)?,
-                revision: r.get(2)?,
-                event_type: r.get(3)?,
-                actor_type: r.get(4)?,
-                actor_id: r.get(5)?,
-                generation: r.get(6)?,
-                payload: r.get::<String>(7)?.into_bytes(),
-                ts: r.get(8)?,
-            })
-        },
-    )
+    let event = |r: &dyn crate::store::Row| {
+        Ok(Event {
+            seq: r.get(0)?,
+            resource_id: r.get(1)?,
+            revision: r.get(2)?,
+            event_type: r.get(3)?,
+            actor_type: r.get(4)?,
+            actor_id: r.get(5)?,
+            generation: r.get(6)?,
+            payload: r.get::<String>(7)?.into_bytes(),
+            ts: r.get(8)?,
+        })
+    };
+    match resource {
+        Some(run) => tx.rows(
+            &sql::LIST_RUN_EVENTS_SQL,
+            params![after_seq, run, types_json, limit],
+            event,
+        ),
+        None => tx.rows(
+            &sql::LIST_EVENTS_SQL,
+            params![after_seq, types_json, limit, horizon],
+            event,
+        ),
+    }
 }
 
 /// A list of strings as one JSON array parameter (read back with `json_each`).

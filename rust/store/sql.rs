@@ -37,23 +37,54 @@ pub const INSERT_EVENT_SQL: Sql = Sql::split(
       CAST(?7 AS TEXT), CAST(?8 AS BIGINT)
     FROM events WHERE resource_id = ?1",
 );
-/// `?2 IS NULL` / `?3 IS NULL` switch the filters off without changing the statement.
-/// ?5: the event horizon ([`Store::event_horizon`](crate::store::Store::event_horizon)): only
-/// `seq` below it, or NULL for all.
+/// Every run's events in `seq` order, after the cursor `?1`. `?2 IS NULL` switches the type
+/// filter off without changing the statement. ?3: the page size. ?4: the event horizon
+/// ([`Store::event_horizon`](crate::store::Store::event_horizon)): only `seq` below it, or
+/// NULL for all. The `seq` range is the primary key; a type filter reads the range and keeps
+/// what matches (no type index to maintain on every append).
 pub const LIST_EVENTS_SQL: Sql = Sql::split(
     "SELECT seq, resource_id, revision, type, actor_type, actor_id,
     generation, payload, ts FROM events
-    WHERE seq > ?1 AND (?2 IS NULL OR resource_id = ?2)
-      AND (?3 IS NULL OR type IN (SELECT value FROM json_each(?3)))
-      AND (?5 IS NULL OR seq < ?5)
-    ORDER BY seq LIMIT ?4",
+    WHERE seq > ?1
+      AND (?2 IS NULL OR type IN (SELECT value FROM json_each(?2)))
+      AND (?4 IS NULL OR seq < ?4)
+    ORDER BY seq LIMIT ?3",
     "SELECT seq, resource_id, revision, type, actor_type, actor_id,
     generation, payload, ts FROM events
-    WHERE seq > ?1 AND (CAST(?2 AS TEXT) IS NULL OR resource_id = ?2)
+    WHERE seq > ?1
+      AND (CAST(?2 AS TEXT) IS NULL
+           OR type IN (SELECT jsonb_array_elements_text(CAST(?2 AS TEXT)::jsonb)))
+      AND (CAST(?4 AS BIGINT) IS NULL OR seq < ?4)
+    ORDER BY seq LIMIT ?3",
+);
+
+/// One run's (`?2`) events after the cursor `?1`, by the `(resource_id, revision)` index, so
+/// a poll costs the same however large the rest of the log is: a catch-all
+/// `(?2 IS NULL OR resource_id = ?2)` in one shared statement leaves the planner only the
+/// `seq` order, walking every other run's events after the cursor.
+///
+/// A run's writers hold its lock, so its revisions and its `seq`s rise together and
+/// "after `seq` ?1" is "after the revision of event ?1". When ?1 is one of this run's events
+/// (what a poller passes back), that revision starts the index range; any other cursor starts
+/// at the run's first revision and `seq > ?1` keeps the right ones (exact, only slower).
+pub const LIST_RUN_EVENTS_SQL: Sql = Sql::split(
+    "SELECT seq, resource_id, revision, type, actor_type, actor_id,
+    generation, payload, ts FROM events
+    WHERE resource_id = ?2
+      AND revision > coalesce(
+        (SELECT revision FROM events WHERE seq = ?1 AND resource_id = ?2), 0)
+      AND seq > ?1
+      AND (?3 IS NULL OR type IN (SELECT value FROM json_each(?3)))
+    ORDER BY revision LIMIT ?4",
+    "SELECT seq, resource_id, revision, type, actor_type, actor_id,
+    generation, payload, ts FROM events
+    WHERE resource_id = CAST(?2 AS TEXT)
+      AND revision > coalesce(
+        (SELECT revision FROM events WHERE seq = CAST(?1 AS BIGINT) AND resource_id = ?2), 0)
+      AND seq > ?1
       AND (CAST(?3 AS TEXT) IS NULL
            OR type IN (SELECT jsonb_array_elements_text(CAST(?3 AS TEXT)::jsonb)))
-      AND (CAST(?5 AS BIGINT) IS NULL OR seq < ?5)
-    ORDER BY seq LIMIT ?4",
+    ORDER BY revision LIMIT ?4",
 );
 
 // ------------------------------------------------------------------ runs

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sqlite3
 import subprocess
 import sys
 from typing import Any
@@ -130,3 +131,31 @@ def test_console_script_and_module_agree(demo: tuple[pathlib.Path, dict[str, Any
     assert json.loads(via_script.stdout) == json.loads(
         cli("runs", "--db", str(db), "--json").stdout
     )
+
+
+def test_doctor_is_quick_unless_asked_for_the_full_check(tmp_path: pathlib.Path) -> None:
+    db = tmp_path / "drift.db"
+    with fp.Ledger.open(str(db)) as ledger:
+        for i in range(3):
+            ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id=f"r{i}", force=True)
+    # An index whose entries no longer match its table (its definition rewritten behind
+    # SQLite's back): only the full check compares every index with its table.
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA writable_schema = ON")
+    con.execute(
+        "UPDATE sqlite_master SET sql = 'CREATE INDEX runs_updated ON runs(created_at, run_id)' "
+        "WHERE name = 'runs_updated'"
+    )
+    con.commit()
+    con.close()
+    quick = json.loads(cli("doctor", "--db", str(db), "--json").stdout)
+    assert quick["integrity_check_mode"] == "quick"
+    assert quick["integrity_check"] == ["ok"]
+    full = cli("doctor", "--db", str(db), "--json", "--full")
+    assert full.returncode == 1
+    report = json.loads(full.stdout)
+    assert report["integrity_check_mode"] == "full"
+    assert report["integrity_check"] != ["ok"]
+    assert not report["healthy"]
+    text = cli("doctor", "--db", str(db)).stdout
+    assert "(quick check)" in text

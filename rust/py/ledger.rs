@@ -137,8 +137,9 @@ impl PyLedger {
         Ok(d)
     }
 
-    fn integrity_check(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        self.run(py, |s, _| s.integrity_check())
+    #[pyo3(signature = (*, quick=false))]
+    fn integrity_check(&self, py: Python<'_>, quick: bool) -> PyResult<Vec<String>> {
+        self.run(py, move |s, _| s.integrity_check(quick))
     }
 
     fn orphan_attempts(&self, py: Python<'_>) -> PyResult<Vec<(String, String, i64, String)>> {

@@ -333,8 +333,8 @@ impl Store for PgStore {
     }
 
     /// PostgreSQL checks its own pages; this checks the ledger's side: the schema is at this
-    /// library's version and every table the operations use answers.
-    fn integrity_check(&mut self) -> Result<Vec<String>> {
+    /// library's version and every table the operations use answers. Quick either way.
+    fn integrity_check(&mut self, _quick: bool) -> Result<Vec<String>> {
         let version = self.pragmas()?.schema_version;
         if version != migrate::SCHEMA_VERSION {
             return Ok(vec![format!(

@@ -250,10 +250,16 @@ impl SqliteStore {
             .map_err(|e| store_error("reading pragmas", &self.label, &e))
     }
 
-    /// `PRAGMA integrity_check`: `["ok"]` when the file is sound.
-    pub fn integrity_check(&self) -> Result<Vec<String>> {
+    /// `PRAGMA integrity_check` (or `quick_check`, which skips checking that every index
+    /// matches its table): `["ok"]` when the file is sound.
+    pub fn integrity_check(&self, quick: bool) -> Result<Vec<String>> {
+        let pragma = if quick {
+            "PRAGMA quick_check"
+        } else {
+            "PRAGMA integrity_check"
+        };
         let run = || -> rusqlite::Result<Vec<String>> {
-            let mut stmt = self.conn.prepare("PRAGMA integrity_check")?;
+            let mut stmt = self.conn.prepare(pragma)?;
             let rows = stmt.query_map([], |r| r.get(0))?;
             rows.collect()
         };
@@ -332,8 +338,8 @@ impl Store for SqliteStore {
         SqliteStore::pragmas(self)
     }
 
-    fn integrity_check(&mut self) -> Result<Vec<String>> {
-        SqliteStore::integrity_check(self)
+    fn integrity_check(&mut self, quick: bool) -> Result<Vec<String>> {
+        SqliteStore::integrity_check(self, quick)
     }
 }
 

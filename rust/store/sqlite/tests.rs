@@ -33,7 +33,8 @@ fn file_database_is_wal_and_settings_read_back() {
     assert_eq!(p.busy_timeout, 1234);
     assert!(p.foreign_keys);
     assert_eq!(p.schema_version, migrate::SCHEMA_VERSION);
-    assert_eq!(store.integrity_check().unwrap(), vec!["ok".to_owned()]);
+    assert_eq!(store.integrity_check(false).unwrap(), vec!["ok".to_owned()]);
+    assert_eq!(store.integrity_check(true).unwrap(), vec!["ok".to_owned()]);
     drop(store);
     let again = SqliteStore::open(Some(&path), &OpenOptions::default(), 6).unwrap();
     assert_eq!(again.pragmas().unwrap().synchronous, "normal");

@@ -18,7 +18,7 @@ use crate::ids::new_dispatch_id;
 use crate::leases::{self, Fence};
 use crate::model::{Reservation, ReservationKind};
 use crate::status::{run_state, AttemptStatus};
-use crate::store::{sql, BatchStatements, Store, Tx};
+use crate::store::{sql, BatchStatements, DbResult, Row, Store, Tx};
 
 mod read;
 mod spec;
@@ -181,6 +181,17 @@ pub(crate) fn new_attempt(
         now_ms,
         rows.len(),
     ));
+    reserved(run_id, u, attempt, dispatch_id, actor)
+}
+
+/// The reservation of a new attempt.
+fn reserved(
+    run_id: &str,
+    u: &UnitSpec,
+    attempt: i64,
+    dispatch_id: &str,
+    actor: &Actor<'_>,
+) -> Reservation {
     Reservation {
         run_id: run_id.to_owned(),
         unit_id: u.unit_id.clone(),
@@ -344,15 +355,7 @@ fn reserve_one(
     )?;
     let payload = started_payload(run_id, u, attempt, dispatch_id);
     events::append(tx, run_id, "unit.started", &payload, actor, now_ms)?;
-    Ok(Reservation {
-        run_id: run_id.to_owned(),
-        unit_id: u.unit_id.clone(),
-        kind: ReservationKind::Reserved,
-        attempt,
-        dispatch_id: dispatch_id.to_owned(),
-        reclaims: 0,
-        lease_generation: actor.generation,
-    })
+    Ok(reserved(run_id, u, attempt, dispatch_id, actor))
 }
 
 /// The latest attempt of a unit: number, dispatch id, status, step, input hash.
@@ -456,7 +459,41 @@ pub(crate) fn finish_in(
 }
 
 /// A finish's identity: run, unit, attempt, dispatch id.
-type Key = (String, String, i64, String);
+pub(crate) type FinishKey = (String, String, i64, String);
+
+/// A still-running attempt as the running-attempts statement answers it: its identity, then
+/// its step and phase (what its `unit.finished` event carries).
+pub(crate) type Running = (FinishKey, (Option<String>, String));
+
+impl FinishSpec {
+    /// The attempt this finish names.
+    pub(crate) fn key(&self) -> FinishKey {
+        (
+            self.run_id.clone(),
+            self.unit_id.clone(),
+            self.attempt,
+            self.dispatch_id.clone(),
+        )
+    }
+
+    /// The attempt this finish names, as a row of the running-attempts statement's argument.
+    pub(crate) fn key_row(&self) -> Value {
+        Value::Object(vec![
+            ("attempt".into(), Value::Int(self.attempt)),
+            ("dispatch_id".into(), Value::Str(self.dispatch_id.clone())),
+            ("run_id".into(), Value::Str(self.run_id.clone())),
+            ("unit_id".into(), Value::Str(self.unit_id.clone())),
+        ])
+    }
+}
+
+/// A row of the running-attempts statement.
+pub(crate) fn running_row(r: &dyn Row) -> DbResult<Running> {
+    Ok((
+        (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?),
+        (r.get(4)?, r.get(5)?),
+    ))
+}
 
 /// The batch path of a store that offers batch statements: the runs locked in sorted order (two batches over the same
 /// runs cannot deadlock), the fence checked per run, the still-running attempts among the
@@ -486,43 +523,20 @@ fn finish_set(
             }
         }
     }
-    let keys = Value::Array(
-        finishes
-            .iter()
-            .map(|f| {
-                Value::Object(vec![
-                    ("attempt".into(), Value::Int(f.attempt)),
-                    ("dispatch_id".into(), Value::Str(f.dispatch_id.clone())),
-                    ("run_id".into(), Value::Str(f.run_id.clone())),
-                    ("unit_id".into(), Value::Str(f.unit_id.clone())),
-                ])
-            })
-            .collect(),
-    );
-    let mut running: std::collections::HashMap<Key, (Option<String>, String)> = tx
+    let keys = Value::Array(finishes.iter().map(FinishSpec::key_row).collect());
+    let mut running: std::collections::HashMap<FinishKey, (Option<String>, String)> = tx
         .rows(
             &batch.running_attempts,
             params![into_text(to_vec(&keys))],
-            |r| {
-                Ok((
-                    (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?),
-                    (r.get(4)?, r.get(5)?),
-                ))
-            },
+            running_row,
         )?
         .into_iter()
         .collect();
     let mut out = Vec::with_capacity(finishes.len());
     let mut rows = Vec::new();
     for f in finishes {
-        let key = (
-            f.run_id.clone(),
-            f.unit_id.clone(),
-            f.attempt,
-            f.dispatch_id.clone(),
-        );
         // `remove`: a second identical finish in the batch finds nothing, like a late one.
-        let Some((step_id, phase)) = running.remove(&key) else {
+        let Some((step_id, phase)) = running.remove(&f.key()) else {
             out.push(false);
             continue;
         };

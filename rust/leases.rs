@@ -141,24 +141,36 @@ pub fn check(
     fence: Option<&Fence>,
     now_ms: i64,
 ) -> Result<Actor<'static>> {
+    check_against(run_id, fence, now_ms, || {
+        tx.row(&sql::FENCE_SQL, params![run_id], |r| {
+            Ok(FenceRow {
+                generation: r.get(0)?,
+                token_hash: r.get(1)?,
+                expires_at: r.get(2)?,
+                owner_type: r.get(3)?,
+                owner_id: r.get(4)?,
+            })
+        })
+    })
+}
+
+/// [`check`] against the lease row `lease` gives (read from the store, or from what a group
+/// read for all its calls); it is read only when there is a fence naming `run_id`.
+pub(crate) fn check_against(
+    run_id: &str,
+    fence: Option<&Fence>,
+    now_ms: i64,
+    lease: impl FnOnce() -> Result<Option<FenceRow>>,
+) -> Result<Actor<'static>> {
     let Some(fence) = fence else {
         return Ok(Actor::default());
     };
     claim_names(fence, run_id)?;
-    let row = tx.row(&sql::FENCE_SQL, params![run_id], |r| {
-        Ok(FenceRow {
-            generation: r.get(0)?,
-            token_hash: r.get(1)?,
-            expires_at: r.get(2)?,
-            owner_type: r.get(3)?,
-            owner_id: r.get(4)?,
-        })
-    })?;
-    judge(row.as_ref(), fence, now_ms)
+    judge(lease()?.as_ref(), fence, now_ms)
 }
 
 /// A claim presented for `run_id` must name it.
-pub(crate) fn claim_names(fence: &Fence, run_id: &str) -> Result<()> {
+fn claim_names(fence: &Fence, run_id: &str) -> Result<()> {
     if fence.run_id == run_id {
         Ok(())
     } else {
@@ -180,9 +192,8 @@ pub(crate) struct FenceRow {
 }
 
 /// The fence check itself, on a lease row already read (`None`: the run has no lease row):
-/// the generation, the token hash and the expiry must all hold, else `LeaseLost`. A group
-/// that read its runs' leases at once judges each call with this, as [`check`] does alone.
-pub(crate) fn judge(row: Option<&FenceRow>, fence: &Fence, now_ms: i64) -> Result<Actor<'static>> {
+/// the generation, the token hash and the expiry must all hold, else `LeaseLost`.
+fn judge(row: Option<&FenceRow>, fence: &Fence, now_ms: i64) -> Result<Actor<'static>> {
     let lost = |actual: i64| LedgerError::LeaseLost {
         run_id: fence.run_id.clone(),
         expected_generation: fence.generation,

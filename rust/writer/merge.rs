@@ -21,7 +21,9 @@
 
 use std::collections::HashMap;
 
-use crate::attempts::{finish_row, new_attempt, write_rows, FinishSpec, UnitSpec};
+use crate::attempts::{
+    finish_row, new_attempt, running_row, write_rows, FinishKey, FinishSpec, UnitSpec,
+};
 use crate::canonical::{into_text, to_vec, Value};
 use crate::errors::{LedgerError, Result};
 use crate::events::Actor;
@@ -45,15 +47,12 @@ struct Latest {
     running: bool,
 }
 
-/// A finish's identity: run, unit, attempt, dispatch id.
-type Key = (String, String, i64, String);
-
 /// Everything the group read, kept up to date as calls are accepted.
 #[derive(Default)]
 struct Overlay {
     runs: HashMap<String, (RunState, Option<FenceRow>)>,
     latest: HashMap<(String, String), Latest>,
-    running: HashMap<Key, (Option<String>, String)>,
+    running: HashMap<FinishKey, (Option<String>, String)>,
 }
 
 /// The rows each kind's statement writes.
@@ -156,12 +155,7 @@ fn read(tx: &dyn Tx, batch: &BatchStatements, ops: &[&Op]) -> Result<Overlay> {
             Op::Finish { finishes, .. } => {
                 for f in finishes {
                     runs.push(&f.run_id);
-                    keys.push(Value::Object(vec![
-                        ("attempt".into(), Value::Int(f.attempt)),
-                        ("dispatch_id".into(), Value::Str(f.dispatch_id.clone())),
-                        ("run_id".into(), Value::Str(f.run_id.clone())),
-                        ("unit_id".into(), Value::Str(f.unit_id.clone())),
-                    ]));
+                    keys.push(f.key_row());
                 }
             }
             Op::Reserve {
@@ -216,8 +210,8 @@ fn read(tx: &dyn Tx, batch: &BatchStatements, ops: &[&Op]) -> Result<Overlay> {
                 overlay.latest.insert((r.get(0)?, r.get(1)?), latest);
             }
             _ => {
-                let key = (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?);
-                overlay.running.insert(key, (r.get(4)?, r.get(5)?));
+                let (key, attempt) = running_row(r)?;
+                overlay.running.insert(key, attempt);
             }
         }
         Ok(())
@@ -241,12 +235,9 @@ fn judge(
     fence: Option<&Fence>,
     now_ms: i64,
 ) -> Result<Actor<'static>> {
-    let Some(fence) = fence else {
-        return Ok(Actor::default());
-    };
-    leases::claim_names(fence, run_id)?;
-    let lease = overlay.runs.get(run_id).and_then(|(_, l)| l.as_ref());
-    leases::judge(lease, fence, now_ms)
+    leases::check_against(run_id, fence, now_ms, || {
+        Ok(overlay.runs.get(run_id).and_then(|(_, l)| l.clone()))
+    })
 }
 
 fn heartbeat(
@@ -302,14 +293,8 @@ fn finish(
     }
     let mut out = Vec::with_capacity(finishes.len());
     for f in finishes {
-        let key = (
-            f.run_id.clone(),
-            f.unit_id.clone(),
-            f.attempt,
-            f.dispatch_id.clone(),
-        );
         // `remove`: a second finish of the attempt, in this call or a later one, loses.
-        let Some((step_id, phase)) = overlay.running.remove(&key) else {
+        let Some((step_id, phase)) = overlay.running.remove(&f.key()) else {
             out.push(false);
             continue;
         };

@@ -116,6 +116,34 @@ pub const LATEST_ATTEMPTS_GROUP_SQL: &str =
         SELECT attempt, dispatch_id, status, step_id, input_hash FROM attempts
         WHERE run_id = x.run_id AND unit_id = x.unit_id ORDER BY attempt DESC LIMIT 1) l";
 
+/// The `e` part of a set statement over rows `x`: one event of type `$type` per row, revisions
+/// continuing per run from its newest in `ord` order (what the rows' calls would take one by
+/// one in that order), inserted in `ord` order so `seq` rises with them. The runs' locks are
+/// held, so no other writer takes a revision meanwhile.
+macro_rules! group_events {
+    ($type:literal) => {
+        concat!(
+            "), e AS (
+        INSERT INTO events(resource_id, revision, type, actor_type, actor_id, generation,
+            payload, ts)
+        SELECT x.run_id,
+            coalesce(b.r, 0) + row_number() OVER (PARTITION BY x.run_id ORDER BY x.ord),
+            '",
+            $type,
+            "', x.actor_type, x.actor_id, x.generation, x.payload, x.ts
+        FROM x LEFT JOIN (
+            SELECT d.run_id,
+                (SELECT max(revision) FROM events WHERE resource_id = d.run_id) AS r
+            FROM (SELECT DISTINCT run_id FROM x) d
+        ) b ON b.run_id = x.run_id
+        ORDER BY x.ord
+        RETURNING 1
+    )
+    "
+        )
+    };
+}
+
 /// Every statement of a batch or group checks its own row counts and fails the transaction
 /// when one differs from the rows sent (`?2`): a failing cast is plain SQL's way to raise.
 /// So the statement needs no answer and rides with the commit: a group's writes cost no round
@@ -166,21 +194,8 @@ pub const RESERVE_GROUP_SQL: &str = concat!(
         SELECT run_id, unit_id, attempt, dispatch_id, step_id, node_id, phase, input_hash,
             'running', holder, generation, ts FROM x
         RETURNING 1
-    ), e AS (
-        INSERT INTO events(resource_id, revision, type, actor_type, actor_id, generation,
-            payload, ts)
-        SELECT x.run_id,
-            coalesce(b.r, 0) + row_number() OVER (PARTITION BY x.run_id ORDER BY x.ord),
-            'unit.started', x.actor_type, x.actor_id, x.generation, x.payload, x.ts
-        FROM x LEFT JOIN (
-            SELECT d.run_id,
-                (SELECT max(revision) FROM events WHERE resource_id = d.run_id) AS r
-            FROM (SELECT DISTINCT run_id FROM x) d
-        ) b ON b.run_id = x.run_id
-        ORDER BY x.ord
-        RETURNING 1
-    )
     ",
+    group_events!("unit.started"),
     counts_or_fail!(
         "(SELECT count(*) FROM u) = CAST(?2 AS BIGINT)
         AND (SELECT count(*) FROM a) = CAST(?2 AS BIGINT)
@@ -225,21 +240,8 @@ pub const FINISH_GROUP_SQL: &str = concat!(
             failure_reason = fu.failure_reason, session_id = fu.session_id, finished_at = fu.ts
         FROM fu WHERE n.ctid = fu.tid
         RETURNING 1
-    ), e AS (
-        INSERT INTO events(resource_id, revision, type, actor_type, actor_id, generation,
-            payload, ts)
-        SELECT x.run_id,
-            coalesce(b.r, 0) + row_number() OVER (PARTITION BY x.run_id ORDER BY x.ord),
-            'unit.finished', x.actor_type, x.actor_id, x.generation, x.payload, x.ts
-        FROM x LEFT JOIN (
-            SELECT d.run_id,
-                (SELECT max(revision) FROM events WHERE resource_id = d.run_id) AS r
-            FROM (SELECT DISTINCT run_id FROM x) d
-        ) b ON b.run_id = x.run_id
-        ORDER BY x.ord
-        RETURNING 1
-    )
     ",
+    group_events!("unit.finished"),
     counts_or_fail!(
         "(SELECT count(*) FROM f) = CAST(?2 AS BIGINT)
         AND (SELECT count(*) FROM u) = CAST(?2 AS BIGINT)

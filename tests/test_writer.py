@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -80,6 +81,36 @@ def test_group_commit_off_runs_every_call_alone(target: str) -> None:
         assert stats["calls"] == stats["groups"] == 20
 
 
+def _one_held_group(
+    ledger: fp.Ledger, target: str, dummy: str, calls: dict[str, Callable[[], Any]]
+) -> dict[str, Any]:
+    """Run ``calls`` from threads so that they queue together: a call on ``dummy`` leads and
+    waits on a lock held elsewhere, the others queue behind it, and once the lock goes they
+    form the next group. Each call's result, or the fencepost error it raised, by name."""
+    out: dict[str, Any] = {}
+
+    def call(name: str, f: Callable[[], Any]) -> None:
+        try:
+            out[name] = f()
+        except fp.LedgerError as e:
+            out[name] = e
+
+    with held_write_lock(target, dummy):
+        lead = threading.Thread(
+            target=call,
+            args=("dummy", lambda: ledger.reserve_attempt(dummy, "u", step_id="s")),
+        )
+        lead.start()
+        time.sleep(0.3)  # the dummy call leads and waits for the lock (nothing to poll)
+        queued = [threading.Thread(target=call, args=item) for item in calls.items()]
+        for t in queued:
+            t.start()
+        time.sleep(0.3)  # every call queues behind the dummy
+    for t in [lead, *queued]:
+        t.join()
+    return out
+
+
 def test_a_stale_owner_and_the_new_owner_in_one_group(target: str) -> None:
     with fp.Ledger.open(target, busy_timeout_ms=10_000) as ledger:
         run = _start(ledger, "fenced")
@@ -89,43 +120,16 @@ def test_a_stale_owner_and_the_new_owner_in_one_group(target: str) -> None:
         assert stale is not None
         assert live is not None
         events_before = len(ledger.events(run))
-        out: dict[str, Any] = {}
-
-        def call(name: str, f: Any) -> None:
-            try:
-                out[name] = f()
-            except fp.LedgerError as e:
-                out[name] = e
-
-        with held_write_lock(target, dummy):
-            lead = threading.Thread(
-                target=call,
-                args=("dummy", lambda: ledger.reserve_attempt(dummy, "u", step_id="s")),
-            )
-            lead.start()
-            time.sleep(0.3)  # the dummy call leads and waits for the lock
-            queued = [
-                threading.Thread(
-                    target=call,
-                    args=("stale", lambda: ledger.heartbeat(stale, lease_ms=30_000)),
-                ),
-                threading.Thread(
-                    target=call,
-                    args=(
-                        "stale_reserve",
-                        lambda: ledger.reserve_attempt(run, "x", step_id="s", claim=stale),
-                    ),
-                ),
-                threading.Thread(
-                    target=call,
-                    args=("live", lambda: ledger.heartbeat(live, lease_ms=30_000)),
-                ),
-            ]
-            for t in queued:
-                t.start()
-            time.sleep(0.3)  # all three queue behind the dummy
-        for t in [lead, *queued]:
-            t.join()
+        out = _one_held_group(
+            ledger,
+            target,
+            dummy,
+            {
+                "stale": lambda: ledger.heartbeat(stale, lease_ms=30_000),
+                "stale_reserve": lambda: ledger.reserve_attempt(run, "x", step_id="s", claim=stale),
+                "live": lambda: ledger.heartbeat(live, lease_ms=30_000),
+            },
+        )
         assert isinstance(out["stale"], fp.LeaseLost)
         assert isinstance(out["stale_reserve"], fp.LeaseLost)
         assert isinstance(out["live"], fp.Claim)
@@ -172,28 +176,8 @@ def test_claims_moves_and_steps_keep_their_outcomes_in_one_group(target: str) ->
             "bad_move": lambda: ledger.set_status(b, "queued", claim=held),
             "new_claim": lambda: ledger.claim(c, "host-b", lease_ms=60_000),
         }
-        out: dict[str, Any] = {}
-
-        def call(name: str, f: Any) -> None:
-            try:
-                out[name] = f()
-            except fp.LedgerError as e:
-                out[name] = e
-
         groups_before = ledger._core.group_stats()["groups"]
-        with held_write_lock(target, dummy):
-            lead = threading.Thread(
-                target=call,
-                args=("dummy", lambda: ledger.reserve_attempt(dummy, "u", step_id="s")),
-            )
-            lead.start()
-            time.sleep(0.3)  # the dummy call leads and waits for the lock (nothing to poll)
-            queued = [threading.Thread(target=call, args=item) for item in calls.items()]
-            for t in queued:
-                t.start()
-            time.sleep(0.3)  # every call queues behind the dummy
-        for t in [lead, *queued]:
-            t.join()
+        out = _one_held_group(ledger, target, dummy, calls)
         stats = ledger._core.group_stats()
         assert stats["max_group"] >= len(calls), (stats, out)
         assert stats["groups"] - groups_before <= 2, "the dummy's group, then all the rest"

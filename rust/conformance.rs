@@ -55,6 +55,7 @@ conformance!(
 
 mod group;
 mod plans;
+mod retention;
 use group::{a_failing_call_keeps_its_neighbours, group_matches_one_by_one};
 
 const T0: i64 = 1_700_000_000_000;

@@ -13,6 +13,7 @@ pub mod ids;
 pub mod leases;
 pub mod model;
 pub mod queue;
+pub mod retention;
 pub mod runs;
 pub mod status;
 pub mod store;

@@ -115,7 +115,7 @@ def test_open_creates_the_schema_and_records_the_migration() -> None:
             rows = conn.execute(
                 "SELECT version, name FROM schema_migrations ORDER BY version"
             ).fetchall()
-            assert rows == [(1, "init"), (2, "fillfactor")]
+            assert rows == [(1, "init"), (2, "fillfactor"), (3, "prune")]
             tables = {
                 r[0]
                 for r in conn.execute(
@@ -137,9 +137,21 @@ def test_open_creates_the_schema_and_records_the_migration() -> None:
 MIGRATIONS = REPO / "rust" / "store" / "postgres" / "migrations"
 
 
+# What 0003_prune added, taken away again: the delete trigger back on the append-only function.
+UNDO_0003 = """
+DROP TRIGGER events_append_only_delete ON events;
+CREATE TRIGGER events_append_only_delete BEFORE DELETE ON events
+    FOR EACH ROW EXECUTE FUNCTION events_append_only();
+DROP FUNCTION events_prune_only();
+DROP TABLE pruning;
+DROP INDEX runs_prune, runs_definition_ref, runs_params_ref, runs_input_ref,
+    runs_launch_options_ref, runs_source_ref, runs_plan_ref, runs_outputs_ref;
+"""
+
+
 def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
     # The schema as version 1 left it (its own migration file, run by hand), with a run and an
-    # attempt in it; opening applies 0002 only and keeps every row.
+    # attempt in it; opening applies 0002 and 0003 and keeps every row.
     with pg_schema() as url:
         with pg_connect(PG_URL) as conn:
             conn.execute(f'CREATE SCHEMA "{schema_of(url)}"')
@@ -155,11 +167,12 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
             res = ledger.reserve_attempt("old", "u1", step_id="s")
         # Back to version 1 on paper only: the ledger row goes, the tables and rows stay.
         with pg_connect(url) as conn:
-            conn.execute("DELETE FROM schema_migrations WHERE version = 2")
+            conn.execute("DELETE FROM schema_migrations WHERE version >= 2")
             conn.execute("ALTER TABLE attempts RESET (fillfactor)")
             conn.execute("ALTER TABLE units RESET (fillfactor)")
+            conn.execute(UNDO_0003)
         with fp.Ledger.open(url) as ledger:
-            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 2
+            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 3
             assert ledger.finish_attempt(
                 "old", "u1", res.attempt, res.dispatch_id, status="completed"
             )
@@ -169,7 +182,7 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
                 "SELECT version, name, applied_at FROM schema_migrations ORDER BY version"
             ).fetchall()
             assert rows[0] == (1, "init", 7)
-            assert rows[1][:2] == (2, "fillfactor")
+            assert [r[:2] for r in rows[1:]] == [(2, "fillfactor"), (3, "prune")]
             options = dict(
                 conn.execute(
                     "SELECT relname, reloptions FROM pg_class "

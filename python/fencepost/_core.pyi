@@ -10,7 +10,7 @@ future (of the event loop the call is made on) gets the result or the exception.
 """
 
 from asyncio import Future
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TypedDict, final, overload
 
 from fencepost.models import (
@@ -36,6 +36,16 @@ def canonical_json(value: object) -> bytes:
 
 def digest(value: object) -> str:
     """``"sha256:" + hex(sha256(canonical_json(value)))``; raises ``CanonicalJsonError``."""
+
+class _PruneTotals(TypedDict):
+    runs: int
+    attempts: int
+    events: int
+    blobs: int
+    archived_bytes: int
+    dry_run: bool
+    transactions: int
+    longest_transaction_ms: float
 
 # The keyword sets passed as one dict (the facade's keywords of the same names).
 
@@ -242,3 +252,18 @@ class Ledger:
     def events(
         self, run_id: str | None, after_seq: int, limit: int, types: list[str] | None
     ) -> list[Event]: ...
+    def prune(
+        self,
+        *,
+        cutoff_ms: int | None,
+        age_ms: int | None,
+        statuses: list[str],
+        limit: int | None,
+        dry_run: bool,
+        sink: Callable[[bytes], None] | None,
+        progress: Callable[[_PruneTotals], None] | None,
+    ) -> _PruneTotals: ...
+    def restore(
+        self, lines: Callable[[], Iterator[bytes]], *, progress: Callable[[int], None] | None
+    ) -> int: ...
+    def vacuum(self) -> None: ...

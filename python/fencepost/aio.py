@@ -283,3 +283,6 @@ class AsyncLedger:
     lease = _in_thread(Ledger.lease)
     expired_leases = _in_thread(Ledger.expired_leases)
     events = _in_thread(Ledger.events)
+    prune = _in_thread(Ledger.prune)
+    restore = _in_thread(Ledger.restore)
+    vacuum = _in_thread(Ledger.vacuum)

@@ -9,12 +9,13 @@ returns the models of :mod:`fencepost.models` ready-made.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Literal
 
-from fencepost import _core
+from fencepost import _archive, _core
 from fencepost.errors import InvalidArgument
 from fencepost.models import (
     Accounting,
@@ -24,6 +25,7 @@ from fencepost.models import (
     ClaimedPreparation,
     Event,
     Lease,
+    PruneReport,
     Reservation,
     Run,
     Step,
@@ -620,3 +622,58 @@ class Ledger:
         page with ``after_seq`` (the last ``seq`` you saw)."""
         wanted = _refs(types, "types")
         return self._core.events(run_id, after_seq, limit, wanted)
+
+    # ------------------------------------------------------------------ retention
+
+    def prune(
+        self,
+        *,
+        older_than: _dt.timedelta | _dt.datetime,
+        statuses: str | Iterable[str] = ("completed", "failed", "cancelled"),
+        limit: int | None = None,
+        dry_run: bool = False,
+        archive: _archive.Archive | None = None,
+        progress: Callable[[PruneReport], None] | None = None,
+    ) -> PruneReport:
+        """Remove whole terminal run trees that finished before ``older_than`` (a timedelta:
+        an age, read against the ledger's clock; or an aware datetime), with their steps,
+        units, attempts, events and leases, and the blobs and definitions nothing else refers
+        to. A tree goes only when every run in it (children, continuations) is terminal, has
+        one of ``statuses`` and is old enough; ``limit`` caps the number of trees. Each batch
+        of trees is one short transaction. ``archive`` (a new path, gzip when it ends in
+        ``.gz``, or a binary file) receives each tree as one JSON line, flushed before the tree
+        is deleted; ``restore`` reads it back. ``dry_run`` changes and writes nothing and
+        reports what would go. ``progress`` is called with the totals after every batch. The
+        tree holding the ledger's newest event waits for a later prune (event numbers are never
+        reused). SQLite files give the freed pages back to the file system."""
+        cutoff_ms, age_ms = _archive.cutoff(older_than)
+        wanted = _refs(statuses, "statuses") or []
+        report = None if progress is None else (lambda d: progress(PruneReport(**d)))
+        if archive is None:
+            done = self._core.prune(
+                cutoff_ms=cutoff_ms, age_ms=age_ms, statuses=wanted, limit=limit,
+                dry_run=dry_run, sink=None, progress=report,
+            )  # fmt: skip
+            return PruneReport(**done)
+        with _archive.writer(archive, dry_run=dry_run) as sink:
+            done = self._core.prune(
+                cutoff_ms=cutoff_ms, age_ms=age_ms, statuses=wanted, limit=limit,
+                dry_run=dry_run, sink=sink, progress=report,
+            )  # fmt: skip
+        return PruneReport(**done)
+
+    def restore(
+        self, archive: _archive.Archive, *, progress: Callable[[int], None] | None = None
+    ) -> int:
+        """Put back the run trees of an archive ``prune`` wrote (a path or a binary file, gzip
+        or not); the number of runs restored. The whole archive is checked first: a truncated
+        or foreign file, or a run id that exists in the ledger, is ``InvalidArgument`` and
+        nothing is written. Rows come back exactly as they were, events with their ``seq``.
+        ``progress`` is called with the runs restored so far."""
+        return self._core.restore(_archive.reader(archive), progress=progress)
+
+    def vacuum(self) -> None:
+        """Rewrite the database compactly: SQLite ``VACUUM`` (which also turns on the
+        incremental auto-vacuum that lets ``prune`` shrink the file, for a file made by an older
+        fencepost), PostgreSQL ``VACUUM (ANALYZE)``. Holds the write lock while it runs."""
+        self._core.vacuum()

@@ -44,6 +44,7 @@ __all__ = [
     "Lease",
     "Preparation",
     "PreparationState",
+    "PruneReport",
     "Reservation",
     "ReservationKind",
     "Run",
@@ -264,3 +265,23 @@ class Event:
     generation: int | None
     payload: Any
     ts: _dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What ``Ledger.prune`` removed (on a dry run: what it would remove).
+
+    ``runs`` counts children too; ``blobs`` counts the blobs no remaining run or definition
+    referred to (a dry run counts them batch by batch, so a blob shared by runs of two batches
+    is not counted there). ``archived_bytes`` is what the archive received (on a dry run with an
+    archive: what it would receive). ``transactions`` and ``longest_transaction_ms`` say how the
+    work was split: each batch of whole trees is one transaction, sized to stay short."""
+
+    runs: int
+    attempts: int
+    events: int
+    blobs: int
+    archived_bytes: int
+    dry_run: bool
+    transactions: int = 0
+    longest_transaction_ms: float = 0.0

@@ -130,7 +130,7 @@ pub fn int(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<i64> {
     })
 }
 
-fn opt_int(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Option<i64>> {
+pub fn opt_int(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Option<i64>> {
     optional(obj, argument, int)
 }
 

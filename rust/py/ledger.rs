@@ -22,7 +22,7 @@ use pyo3::types::{PyBytes, PyDict};
 use crate::canonical::Json;
 use crate::leases::ClaimSpec;
 use crate::py::args::{
-    self, claim_arg, fence_arg, flag, int, opt_prose, opt_text, read_doc, str_list, text,
+    self, claim_arg, fence_arg, flag, int, opt_int, opt_prose, opt_text, read_doc, str_list, text,
     ChildRunArgs, FinishArgs, QueuedRunArgs, StartRunArgs, StepResultArgs,
 };
 use crate::py::errors::to_pyerr;
@@ -32,6 +32,7 @@ use crate::store::{Durability, OpenOptions};
 use crate::writer::{Config, Op, Writer};
 
 mod call;
+mod retention;
 use crate::{attempts, blobs, events, leases, queue};
 
 /// The ledger handle: one connection behind the group-commit writer, shared safely between
@@ -596,6 +597,45 @@ impl PyLedger {
             events::read(s, run_id.as_deref(), after_seq, limit, types.as_deref())
         })?;
         rows.into_iter().map(|e| records::event(py, e)).collect()
+    }
+
+    // ------------------------------------------------------------------ retention
+
+    #[pyo3(signature = (*, cutoff_ms, age_ms, statuses, limit, dry_run, sink, progress))]
+    #[allow(clippy::too_many_arguments)]
+    fn prune<'py>(
+        &self,
+        py: Python<'py>,
+        cutoff_ms: &Bound<'py, PyAny>,
+        age_ms: &Bound<'py, PyAny>,
+        statuses: &Bound<'py, PyAny>,
+        limit: &Bound<'py, PyAny>,
+        dry_run: &Bound<'py, PyAny>,
+        sink: Option<&Bound<'py, PyAny>>,
+        progress: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let cutoff_ms = opt_int(cutoff_ms, "older_than")?;
+        let age_ms = opt_int(age_ms, "older_than")?;
+        let statuses = str_list(statuses, "statuses")?.unwrap_or_default();
+        let limit = opt_int(limit, "limit")?;
+        let dry_run = flag(dry_run, "dry_run")?;
+        self.prune_in(
+            py, cutoff_ms, age_ms, &statuses, limit, dry_run, sink, progress,
+        )
+    }
+
+    #[pyo3(signature = (lines, *, progress))]
+    fn restore(
+        &self,
+        py: Python<'_>,
+        lines: &Bound<'_, PyAny>,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        self.restore_in(py, lines, progress)
+    }
+
+    fn vacuum(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |s, _| s.vacuum())
     }
 }
 

@@ -534,6 +534,19 @@ pub trait Store: Send {
     fn event_horizon(&mut self) -> Result<Option<i64>> {
         Ok(None)
     }
+    /// Give the pages freed by deletes back to the file system, at most `max_pages` in this
+    /// call (one short write transaction); the bytes given back. SQLite files made by this
+    /// library use incremental auto-vacuum, so a prune can shrink them step by step; a file
+    /// made without it (see [`Store::vacuum`]) and PostgreSQL, whose autovacuum makes the room
+    /// reusable in place, give back nothing here.
+    fn reclaim(&mut self, _max_pages: u32) -> Result<u64> {
+        Ok(0)
+    }
+    /// Rewrite the whole database compactly (SQLite: `VACUUM`, switching the file to
+    /// incremental auto-vacuum on the way; PostgreSQL: `VACUUM (ANALYZE)` of the ledger's
+    /// tables). Takes the database's write lock for as long as it runs: a maintenance step, not
+    /// something to run beside dispatchers.
+    fn vacuum(&mut self) -> Result<()>;
     /// Whether the last transaction lost its connection: a failed `COMMIT` may then have
     /// landed, so nothing of it may be run again. SQLite is in-process: never.
     fn lost(&self) -> bool {

@@ -44,7 +44,7 @@ impl PyLedger {
         Ok(now)
     }
 
-    fn writer(&self) -> Result<&Arc<Writer>> {
+    pub(super) fn writer(&self) -> Result<&Arc<Writer>> {
         self.writer.as_ref().ok_or_else(|| LedgerError::StoreError {
             operation: "using the ledger".into(),
             message: "the ledger is not open".into(),

@@ -348,6 +348,13 @@ impl Store for PgStore {
         }
         Ok(vec!["ok".into()])
     }
+
+    /// Autovacuum normally keeps up; after a large prune this reclaims the dead rows and
+    /// refreshes the planner's statistics at once. Outside any transaction, as VACUUM must be.
+    fn vacuum(&mut self) -> Result<()> {
+        let text = format!("VACUUM (ANALYZE) {}", sql::TABLES.join(", "));
+        self.block("vacuuming the database", |c| c.batch_execute(&text))
+    }
 }
 
 /// Why one run of a transaction failed.

@@ -1,0 +1,111 @@
+//! The statements of `prune` and `restore` that are not per-table (those are made from the
+//! table list in `archive`). A list of run ids or digests is one JSON array parameter, read
+//! with `json_each` on SQLite and `json_array_elements_text` on PostgreSQL.
+
+use crate::store::Sql;
+
+/// The next top-level terminal runs finished before `?1`, after the cursor `(?2, ?3)`, oldest
+/// finish first, `?4` at most: a range of the partial index `runs_prune`, so a batch costs the
+/// same however many runs the ledger holds. Non-terminal runs are not in the index; the
+/// statuses a caller asked for are checked over the whole tree, in Rust. PostgreSQL locks the
+/// roots and skips those another prune holds (two prunes never wait on each other's runs).
+pub const CANDIDATES_SQL: Sql = Sql::split(
+    "SELECT run_id, completed_at FROM runs
+    WHERE parent_run_id IS NULL AND completed_at IS NOT NULL AND completed_at < ?1
+      AND (completed_at, run_id) > (?2, ?3)
+    ORDER BY completed_at, run_id LIMIT ?4",
+    "SELECT run_id, completed_at FROM runs
+    WHERE parent_run_id IS NULL AND completed_at IS NOT NULL
+      AND completed_at < CAST(?1 AS BIGINT)
+      AND (completed_at, run_id) > (CAST(?2 AS BIGINT), CAST(?3 AS TEXT))
+    ORDER BY completed_at, run_id LIMIT ?4
+    FOR UPDATE SKIP LOCKED",
+);
+
+/// Every run under the roots in `?1` (the roots included), with its root and depth: children
+/// and continuations, followed down `runs_parent`.
+pub const TREE_SQL: Sql = Sql::split(
+    "WITH RECURSIVE tree(root, run_id, depth) AS (
+        SELECT value, value, 0 FROM json_each(?1)
+        UNION ALL
+        SELECT t.root, r.run_id, t.depth + 1 FROM runs r JOIN tree t ON r.parent_run_id = t.run_id)
+    SELECT root, run_id, depth FROM tree",
+    "WITH RECURSIVE tree(root, run_id, depth) AS (
+        SELECT x, x, 0 FROM json_array_elements_text(CAST(?1 AS TEXT)::json) AS x
+        UNION ALL
+        SELECT t.root, r.run_id, t.depth + 1 FROM runs r JOIN tree t ON r.parent_run_id = t.run_id)
+    SELECT root, run_id, CAST(depth AS BIGINT) FROM tree",
+);
+
+/// The state of each run in `?1`, read after locking them on PostgreSQL (a late write on one
+/// of them waits for the prune, then finds the run gone). In run id order, the order every
+/// multi-run lock is taken in.
+pub const STATES_SQL: Sql = Sql::split(
+    "SELECT run_id, status, completed_at FROM runs
+    WHERE run_id IN (SELECT value FROM json_each(?1)) ORDER BY run_id",
+    "SELECT run_id, status, completed_at FROM runs
+    WHERE run_id = ANY (ARRAY(SELECT json_array_elements_text(CAST(?1 AS TEXT)::json)))
+    ORDER BY run_id FOR UPDATE",
+);
+
+/// The run of the ledger's newest event. SQLite numbers a new event max(seq) + 1, so removing
+/// the newest event would hand its number to the next one, and a reader whose cursor had
+/// passed it would skip that event: prune leaves the tree holding it for a later prune.
+pub const NEWEST_EVENT_SQL: Sql =
+    Sql::same("SELECT resource_id FROM events ORDER BY seq DESC LIMIT 1");
+
+/// List the runs being pruned, which the events' delete trigger requires.
+pub const PRUNING_INSERT_SQL: Sql = Sql::split(
+    "INSERT INTO pruning (run_id) SELECT value FROM json_each(?1)",
+    "INSERT INTO pruning (run_id) SELECT json_array_elements_text(CAST(?1 AS TEXT)::json)",
+);
+
+/// Empty the list before the commit: a committed row would let a later transaction delete.
+pub const PRUNING_CLEAR_SQL: Sql = Sql::same("DELETE FROM pruning");
+
+/// The definitions in `?1` that no run refers to any more (`runs_definition_ref`).
+pub const DEFINITIONS_DELETE_SQL: Sql = Sql::split(
+    "DELETE FROM definitions WHERE definition_digest IN (SELECT value FROM json_each(?1))
+      AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.definition_digest = definitions.definition_digest)",
+    "DELETE FROM definitions
+    WHERE definition_digest = ANY (ARRAY(SELECT json_array_elements_text(CAST(?1 AS TEXT)::json)))
+      AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.definition_digest = definitions.definition_digest)",
+);
+
+/// The `NOT EXISTS` conditions of [`BLOBS_DELETE_SQL`], one per column that refers to a blob.
+macro_rules! blobs_unreferenced {
+    () => {
+        "
+      AND NOT EXISTS (SELECT 1 FROM definitions d WHERE d.definition_digest = blobs.digest)
+      AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.definition_digest = blobs.digest)
+      AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.params = blobs.digest)
+      AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.input = blobs.digest)
+      AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.launch_options = blobs.digest)
+      AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.source = blobs.digest)
+      AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.plan = blobs.digest)
+      AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.outputs = blobs.digest)"
+    };
+}
+
+/// The blobs in `?1` that no run and no definition refers to any more: one index probe per
+/// referring column (the `runs_*_ref` indexes). A blob stored with `put_json` and never named
+/// by a run is not in `?1`: prune removes only what the pruned runs held.
+pub const BLOBS_DELETE_SQL: Sql = Sql::split(
+    concat!(
+        "DELETE FROM blobs WHERE digest IN (SELECT value FROM json_each(?1))",
+        blobs_unreferenced!()
+    ),
+    concat!(
+        "DELETE FROM blobs
+        WHERE digest = ANY (ARRAY(SELECT json_array_elements_text(CAST(?1 AS TEXT)::json)))",
+        blobs_unreferenced!()
+    ),
+);
+
+/// Which of the runs in `?1` exist (restore refuses them).
+pub const EXISTING_RUNS_SQL: Sql = Sql::split(
+    "SELECT run_id FROM runs WHERE run_id IN (SELECT value FROM json_each(?1)) ORDER BY run_id",
+    "SELECT run_id FROM runs
+    WHERE run_id = ANY (ARRAY(SELECT json_array_elements_text(CAST(?1 AS TEXT)::json)))
+    ORDER BY run_id",
+);

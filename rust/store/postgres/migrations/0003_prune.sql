@@ -1,0 +1,36 @@
+-- 0003_prune, PostgreSQL dialect: what `prune` needs to remove whole terminal run trees, and
+-- only those (see the SQLite twin for the reasons; the same rules).
+--
+-- `pruning` rows are written and removed inside prune's own transaction, so no other session
+-- ever sees one: another transaction cannot borrow a prune's permission.
+CREATE TABLE pruning (
+    run_id TEXT PRIMARY KEY
+);
+
+CREATE FUNCTION events_prune_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (
+        SELECT 1 FROM pruning p JOIN runs r ON r.run_id = p.run_id
+        WHERE p.run_id = OLD.resource_id AND r.status IN ('completed', 'failed', 'cancelled'))
+    THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'events are append-only: only prune removes them, with their whole terminal run';
+END;
+$$;
+DROP TRIGGER events_append_only_delete ON events;
+CREATE TRIGGER events_append_only_delete BEFORE DELETE ON events
+    FOR EACH ROW EXECUTE FUNCTION events_prune_only();
+
+CREATE INDEX runs_prune ON runs(completed_at, run_id)
+    WHERE parent_run_id IS NULL AND completed_at IS NOT NULL;
+
+-- The referring columns of blobs and definitions: the foreign keys' checks on delete and
+-- prune's own "still referred to?" are index probes, not scans of runs.
+CREATE INDEX runs_definition_ref ON runs(definition_digest) WHERE definition_digest IS NOT NULL;
+CREATE INDEX runs_params_ref ON runs(params) WHERE params IS NOT NULL;
+CREATE INDEX runs_input_ref ON runs(input) WHERE input IS NOT NULL;
+CREATE INDEX runs_launch_options_ref ON runs(launch_options) WHERE launch_options IS NOT NULL;
+CREATE INDEX runs_source_ref ON runs(source) WHERE source IS NOT NULL;
+CREATE INDEX runs_plan_ref ON runs(plan) WHERE plan IS NOT NULL;
+CREATE INDEX runs_outputs_ref ON runs(outputs) WHERE outputs IS NOT NULL;

@@ -9,6 +9,7 @@ Standard library only (``argparse``): the wheel has no runtime dependencies.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import pathlib
@@ -179,6 +180,8 @@ def cmd_leases(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
     with open_existing(args.db) as ledger:
+        if args.vacuum:
+            ledger.vacuum()
         pragmas = ledger.pragmas()
         integrity = ledger.integrity_check(quick=not args.full)
         orphans = ledger.orphan_attempts()
@@ -226,6 +229,65 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK if healthy else EXIT_REFUSED
 
 
+def _progress(verb: str) -> Callable[[str], None] | None:
+    """A one-line progress display on stderr when it is a terminal (nothing otherwise)."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(text: str) -> None:
+        sys.stderr.write(f"\r{verb}: {text}\x1b[K")
+        sys.stderr.flush()
+
+    return show
+
+
+def cmd_prune(args: argparse.Namespace, out: TextIO) -> int:
+    show = _progress("dry run" if args.dry_run else "pruning")
+    on_batch = (
+        None
+        if show is None
+        else lambda r: show(f"{r.runs} runs, {r.attempts} attempts, {r.events} events")
+    )
+    with open_existing(args.db) as ledger:
+        report = ledger.prune(
+            older_than=args.older_than,
+            statuses=args.status or ("completed", "failed", "cancelled"),
+            limit=args.limit,
+            dry_run=args.dry_run,
+            archive=args.archive,
+            progress=on_batch,
+        )
+    if show is not None:
+        sys.stderr.write("\n")
+    if args.json:
+        write_json(report, out)
+        return EXIT_OK
+    fields = [
+        ("dry run" if report.dry_run else "pruned", f"{report.runs} runs"),
+        ("attempts", str(report.attempts)), ("events", str(report.events)),
+        ("blobs", str(report.blobs)),
+        *([("archive", f"{args.archive} ({report.archived_bytes} bytes)")] if args.archive else []),
+        ("transactions", f"{report.transactions}, longest {report.longest_transaction_ms:.1f} ms"),
+    ]  # fmt: skip
+    key_values(fields, out)
+    return EXIT_OK
+
+
+def cmd_restore(args: argparse.Namespace, out: TextIO) -> int:
+    show = _progress("restoring")
+    with open_existing(args.db) as ledger:
+        runs = ledger.restore(
+            args.archive, progress=None if show is None else lambda n: show(f"{n} runs")
+        )
+    if show is not None:
+        sys.stderr.write("\n")
+    if args.json:
+        write_json({"runs": runs}, out)
+    else:
+        out.write(f"restored {runs} runs from {args.archive}\n")
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------ parsing
 
 
@@ -242,6 +304,19 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _duration(text: str) -> datetime.timedelta:
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``: a whole number and one unit."""
+    number, unit = text[:-1], text[-1:].lower()
+    if unit not in DURATION_UNITS or not number.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number and a unit (s, m, h, d, w), such as 30d or 12h, not {text!r}"
+        )
+    return datetime.timedelta(seconds=int(number) * DURATION_UNITS[unit])
 
 
 def parser() -> argparse.ArgumentParser:
@@ -289,7 +364,33 @@ def parser() -> argparse.ArgumentParser:
         help="SQLite's whole integrity_check (every index against its table; minutes on a "
         "large file) instead of the quick_check",
     )
+    doc.add_argument(
+        "--vacuum",
+        action="store_true",
+        help="first rewrite the database compactly (SQLite VACUUM, which also lets prune shrink "
+        "a file made by an older fencepost; PostgreSQL VACUUM ANALYZE); holds the write lock",
+    )
     doc.set_defaults(func=cmd_doctor)
+
+    pr = sub.add_parser(
+        "prune", parents=[common], help="remove finished run trees older than an age"
+    )
+    pr.add_argument(
+        "--older-than", required=True, type=_duration, metavar="AGE",
+        help="finished longer ago than AGE (30d, 12h, 90m, 2w)",
+    )  # fmt: skip
+    pr.add_argument(
+        "--status", action="append", choices=["completed", "failed", "cancelled"],
+        help="only trees whose runs all have these statuses (repeat; default all three)",
+    )  # fmt: skip
+    pr.add_argument("--limit", type=_positive, help="at most this many run trees")
+    pr.add_argument("--archive", metavar="FILE", help="write each tree here first (.gz: gzip)")
+    pr.add_argument("--dry-run", action="store_true", help="count only; change nothing")
+    pr.set_defaults(func=cmd_prune)
+
+    rs = sub.add_parser("restore", parents=[common], help="put back the runs of an archive")
+    rs.add_argument("archive", metavar="FILE")
+    rs.set_defaults(func=cmd_restore)
     return top
 
 

@@ -18,6 +18,7 @@ use crate::canonical::Json;
 use crate::errors::{LedgerError, Result};
 use crate::events::json_array;
 use crate::params;
+use crate::status::{AttemptStatus, RunStatus, StepStatus, UnitStatus};
 use crate::store::{Store, ToSql};
 
 /// The argument errors name.
@@ -177,6 +178,25 @@ impl Reader {
                 return Err(bad(n, format!("a {} row of another run", table.name)));
             }
         }
+        for (table, column, known) in ENUMS {
+            let at = archive::tables()
+                .find(|t| t.name == table)
+                .and_then(|t| t.columns.iter().position(|c| *c == column))
+                .expect("an enumerated column of an archived table");
+            if let Some(row) = tree
+                .rows_of(table)
+                .iter()
+                .find(|row| row[at].text().is_none_or(|v| !known(v)))
+            {
+                return Err(bad(
+                    n,
+                    format!(
+                        "{table}.{column} {:?} is not a value the ledger writes",
+                        row[at]
+                    ),
+                ));
+            }
+        }
         for row in tree.rows_of(BLOBS.name) {
             let (Some(digest), Cell::Bytes(bytes)) = (row[0].text(), &row[1]) else {
                 return Err(bad(n, "a malformed blob"));
@@ -193,6 +213,20 @@ impl Reader {
         Ok(tree)
     }
 }
+
+/// The enumerated columns, checked before anything is written, so an edited archive is refused
+/// whole instead of failing halfway through its inserts.
+/// `(table, column, is a value the ledger writes)`.
+type Enumerated = (&'static str, &'static str, fn(&str) -> bool);
+
+const ENUMS: [Enumerated; 6] = [
+    ("runs", "status", |v| RunStatus::parse(v).is_some()),
+    ("steps", "status", |v| StepStatus::parse(v).is_some()),
+    ("units", "status", |v| UnitStatus::parse(v).is_some()),
+    ("attempts", "status", |v| AttemptStatus::parse(v).is_some()),
+    ("units", "phase", |v| matches!(v, "unit" | "gate")),
+    ("attempts", "phase", |v| matches!(v, "unit" | "gate")),
+];
 
 /// A stored value from its archive JSON: integers, text and NULL (a blob's bytes as text).
 fn cell(v: &JsonValue, bytes: bool) -> Option<Cell> {

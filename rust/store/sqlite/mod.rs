@@ -193,6 +193,9 @@ impl SqliteStore {
         self.conn
             .execute_batch("PRAGMA foreign_keys = ON")
             .map_err(err)?;
+        self.conn
+            .execute_batch("PRAGMA cache_size = -65536")
+            .map_err(err)?;
         let pragmas = self.pragmas_unchecked().map_err(err)?;
         let want_sync = sync.to_ascii_lowercase();
         if pragmas.synchronous != want_sync || !pragmas.foreign_keys {

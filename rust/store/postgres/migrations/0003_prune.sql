@@ -2,17 +2,29 @@
 -- only those (see the SQLite twin for the reasons; the same rules).
 --
 -- `pruning` rows are written and removed inside prune's own transaction, so no other session
--- ever sees one: another transaction cannot borrow a prune's permission.
+-- ever sees one: another transaction cannot borrow a prune's permission. Only a terminal run
+-- can be listed, checked once per run; each deleted event then costs one probe of `pruning`.
 CREATE TABLE pruning (
     run_id TEXT PRIMARY KEY
 );
 
+CREATE FUNCTION pruning_terminal_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' AND EXISTS (
+        SELECT 1 FROM runs
+        WHERE run_id = NEW.run_id AND status IN ('completed', 'failed', 'cancelled'))
+    THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'only a terminal run can be pruned';
+END;
+$$;
+CREATE TRIGGER pruning_terminal_only BEFORE INSERT OR UPDATE ON pruning
+    FOR EACH ROW EXECUTE FUNCTION pruning_terminal_only();
+
 CREATE FUNCTION events_prune_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (
-        SELECT 1 FROM pruning p JOIN runs r ON r.run_id = p.run_id
-        WHERE p.run_id = OLD.resource_id AND r.status IN ('completed', 'failed', 'cancelled'))
-    THEN
+    IF EXISTS (SELECT 1 FROM pruning WHERE run_id = OLD.resource_id) THEN
         RETURN OLD;
     END IF;
     RAISE EXCEPTION 'events are append-only: only prune removes them, with their whole terminal run';

@@ -1,19 +1,30 @@
 -- 0003_prune, SQLite dialect: what `prune` needs to remove whole terminal run trees, and only
 -- those.
 --
--- Events stay append-only for everything else: the delete trigger now lets a row go only while
--- its run is listed in `pruning` (prune lists a tree's runs there, inside its own transaction,
--- and empties the list before it commits) and that run is terminal. A live run's events, a
--- run not being pruned, an event whose resource is no run: all still refused by the database.
+-- Events stay append-only for everything else: the delete trigger lets a row go only while its
+-- run is listed in `pruning`, and only a terminal run can be listed (a terminal run never
+-- becomes live again). Prune lists a tree's runs inside its own transaction and empties the
+-- list before it commits. A live run's events, a run not being pruned, an event whose resource
+-- is no run: all still refused by the database. The status is checked once per listed run, not
+-- once per deleted event: the per-event check is a single probe of this small table.
 CREATE TABLE pruning (
     run_id TEXT PRIMARY KEY
 ) STRICT, WITHOUT ROWID;
 
+CREATE TRIGGER pruning_terminal_only BEFORE INSERT ON pruning
+WHEN NOT EXISTS (
+    SELECT 1 FROM runs WHERE run_id = NEW.run_id AND status IN ('completed', 'failed', 'cancelled'))
+BEGIN
+    SELECT RAISE(ABORT, 'only a terminal run can be pruned');
+END;
+CREATE TRIGGER pruning_no_update BEFORE UPDATE ON pruning
+BEGIN
+    SELECT RAISE(ABORT, 'only a terminal run can be pruned');
+END;
+
 DROP TRIGGER events_append_only_delete;
 CREATE TRIGGER events_append_only_delete BEFORE DELETE ON events
-WHEN NOT EXISTS (
-    SELECT 1 FROM pruning p JOIN runs r ON r.run_id = p.run_id
-    WHERE p.run_id = OLD.resource_id AND r.status IN ('completed', 'failed', 'cancelled'))
+WHEN NOT EXISTS (SELECT 1 FROM pruning WHERE run_id = OLD.resource_id)
 BEGIN
     SELECT RAISE(ABORT, 'events are append-only: only prune removes them, with their whole terminal run');
 END;

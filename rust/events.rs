@@ -94,11 +94,23 @@ fn list(
             params![after_seq, run, types_json, limit],
             event,
         ),
-        None => tx.rows(
-            &sql::LIST_EVENTS_SQL,
-            params![after_seq, types_json, limit, horizon],
-            event,
-        ),
+        None => {
+            let rare = types.is_some_and(|t| {
+                !t.is_empty()
+                    && t.iter()
+                        .all(|t| !sql::DENSE_EVENT_TYPES.contains(&t.as_str()))
+            });
+            let statement = if rare {
+                &sql::LIST_RARE_EVENTS_SQL
+            } else {
+                &sql::LIST_EVENTS_SQL
+            };
+            tx.rows(
+                statement,
+                params![after_seq, types_json, limit, horizon],
+                event,
+            )
+        }
     }
 }
 

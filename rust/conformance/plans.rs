@@ -11,7 +11,8 @@ use crate::store::{sql, Sql, Store, ToSql};
 
 conformance!(
     run_events_are_read_by_index,
-    run_event_pages_follow_the_cursor
+    run_event_pages_follow_the_cursor,
+    rare_event_types_are_read_by_index
 );
 
 const RUNS: usize = 12;
@@ -132,4 +133,73 @@ fn run_event_pages_follow_the_cursor(store: &mut dyn Store) {
         .copied()
         .collect();
     assert_eq!(got.iter().collect::<Vec<_>>(), want);
+}
+
+/// A log that is mostly unit events, as a dispatcher's is, with one `run.done` per run.
+fn fill_dense(store: &mut dyn Store) {
+    for r in 0..RUNS {
+        started(store, &format!("d{r}"));
+    }
+    store
+        .write("filling the log", |tx| {
+            for i in 0..PER_RUN * 4 {
+                for r in 0..RUNS {
+                    let kind = if i % 2 == 0 {
+                        "unit.started"
+                    } else {
+                        "unit.finished"
+                    };
+                    let payload = Value::Object(vec![("i".into(), Value::Int(i))]);
+                    events::append(tx, &format!("d{r}"), kind, &payload, &Actor::default(), T0)?;
+                }
+            }
+            for r in 0..RUNS {
+                let payload = Value::Object(vec![]);
+                events::append(
+                    tx,
+                    &format!("d{r}"),
+                    "run.done",
+                    &payload,
+                    &Actor::default(),
+                    T0,
+                )?;
+            }
+            Ok(())
+        })
+        .expect("fill");
+    let analyze = Sql::same("ANALYZE events");
+    store
+        .write("analyzing", |tx| tx.exec(&analyze, params![]).map(|_| ()))
+        .expect("analyze");
+}
+
+fn rare_event_types_are_read_by_index(store: &mut dyn Store) {
+    fill_dense(store);
+    let none: Option<i64> = None;
+    let types = events::json_array(&["run.done".to_owned()]);
+    let rare = plan(
+        store,
+        &sql::LIST_RARE_EVENTS_SQL,
+        params![0_i64, types, 100_i64, none],
+    );
+    assert!(
+        rare.contains("events_rare_type"),
+        "a rare type by its partial index:\n{rare}"
+    );
+    assert!(
+        !rare.contains("SCAN events") && !rare.contains("Seq Scan on events"),
+        "no scan of the log for a rare type:\n{rare}"
+    );
+    // The same answer as filtering the whole log, in seq order, from any cursor.
+    let everything = events::read(store, None, 0, 10_000, None).expect("all events");
+    let only = ["run.done".to_owned(), "run.started".to_owned()];
+    for after in [0, everything[100].seq, everything[everything.len() - 3].seq] {
+        let got = events::read(store, None, after, 10_000, Some(&only)).expect("rare");
+        let want: Vec<_> = everything
+            .iter()
+            .filter(|e| e.seq > after && only.contains(&e.event_type))
+            .collect();
+        assert_eq!(got.iter().collect::<Vec<_>>(), want, "after {after}");
+        assert!(!got.is_empty() || after > everything[everything.len() - 13].seq);
+    }
 }

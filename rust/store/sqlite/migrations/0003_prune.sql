@@ -46,3 +46,10 @@ CREATE INDEX runs_launch_options_ref ON runs(launch_options) WHERE launch_option
 CREATE INDEX runs_source_ref ON runs(source) WHERE source IS NOT NULL;
 CREATE INDEX runs_plan_ref ON runs(plan) WHERE plan IS NOT NULL;
 CREATE INDEX runs_outputs_ref ON runs(outputs) WHERE outputs IS NOT NULL;
+
+-- Type-filtered reads of the whole log (`events(types=["run.completed"])`) by index: every
+-- type except the two each attempt writes, which are most of the log and which a filter finds
+-- by reading in seq order. Leaving them out keeps the reserve and finish paths from writing an
+-- entry here.
+CREATE INDEX events_rare_type ON events(type, seq)
+    WHERE type NOT IN ('unit.started', 'unit.finished');

@@ -88,30 +88,28 @@ fn list(
             ts: r.get(8)?,
         })
     };
-    match resource {
-        Some(run) => tx.rows(
+    if let Some(run) = resource {
+        return tx.rows(
             &sql::LIST_RUN_EVENTS_SQL,
             params![after_seq, run, types_json, limit],
             event,
-        ),
-        None => {
-            let rare = types.is_some_and(|t| {
-                !t.is_empty()
-                    && t.iter()
-                        .all(|t| !sql::DENSE_EVENT_TYPES.contains(&t.as_str()))
-            });
-            let statement = if rare {
-                &sql::LIST_RARE_EVENTS_SQL
-            } else {
-                &sql::LIST_EVENTS_SQL
-            };
-            tx.rows(
-                statement,
-                params![after_seq, types_json, limit, horizon],
-                event,
-            )
-        }
+        );
     }
+    let rare = types.is_some_and(|t| {
+        !t.is_empty()
+            && t.iter()
+                .all(|t| !sql::DENSE_EVENT_TYPES.contains(&t.as_str()))
+    });
+    let statement = if rare {
+        &sql::LIST_RARE_EVENTS_SQL
+    } else {
+        &sql::LIST_EVENTS_SQL
+    };
+    tx.rows(
+        statement,
+        params![after_seq, types_json, limit, horizon],
+        event,
+    )
 }
 
 /// A list of strings as one JSON array parameter (read back with `json_each`).

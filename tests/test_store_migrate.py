@@ -144,8 +144,9 @@ CREATE TRIGGER events_append_only_delete BEFORE DELETE ON events
     FOR EACH ROW EXECUTE FUNCTION events_append_only();
 DROP FUNCTION events_prune_only();
 DROP TABLE pruning;
+DROP FUNCTION pruning_terminal_only();
 DROP INDEX runs_prune, runs_definition_ref, runs_params_ref, runs_input_ref,
-    runs_launch_options_ref, runs_source_ref, runs_plan_ref, runs_outputs_ref;
+    runs_launch_options_ref, runs_source_ref, runs_plan_ref, runs_outputs_ref, events_rare_type;
 """
 
 

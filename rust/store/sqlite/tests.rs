@@ -198,7 +198,11 @@ fn an_older_database_migrates_forward_and_keeps_its_rows() {
     );
     assert_eq!(
         ledger_rows(&store.conn),
-        vec![(1, "init".into(), 7), (2, "fillfactor".into(), 9)]
+        vec![
+            (1, "init".into(), 7),
+            (2, "fillfactor".into(), 9),
+            (3, "prune".into(), 9)
+        ]
     );
     let kept: String = store
         .conn

@@ -109,9 +109,14 @@ pub fn new_run_id() -> String {
     uuid::Uuid::now_v7().hyphenated().to_string()
 }
 
-/// A new dispatch id (UUIDv4).
+/// A new dispatch id: time-ordered (UUIDv7), like run ids. The ledger indexes every attempt's
+/// dispatch id (it is unique across the ledger), and random ids would land each new entry on a
+/// random page of that index: once the index outgrows the page cache, a batch of 1 000
+/// reservations dirtied about 1 000 pages (1 000 more WAL frames per commit, each read from disk
+/// first). Ordered ids append at the index's right edge. A dispatch id is a dedupe key, not a
+/// secret (the claim token is the secret); its 74 random bits keep it unique.
 pub fn new_dispatch_id() -> String {
-    uuid::Uuid::new_v4().hyphenated().to_string()
+    uuid::Uuid::now_v7().hyphenated().to_string()
 }
 
 #[cfg(test)]

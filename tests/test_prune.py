@@ -25,7 +25,7 @@ TABLES = {
     "units": "run_id, unit_id",
     "attempts": "run_id, unit_id, attempt",
     "leases": "resource_id",
-    "events": "seq",
+    "events": "seq",  # restored events keep their seq
     "pruning": "run_id",
 }
 

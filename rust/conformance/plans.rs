@@ -7,12 +7,14 @@ use super::{started, T0};
 use crate::canonical::Value;
 use crate::events::{self, Actor};
 use crate::params;
+use crate::retention;
 use crate::store::{sql, Sql, Store, ToSql};
 
 conformance!(
     run_events_are_read_by_index,
     run_event_pages_follow_the_cursor,
-    rare_event_types_are_read_by_index
+    rare_event_types_are_read_by_index,
+    prune_reads_by_index
 );
 
 const RUNS: usize = 12;
@@ -43,6 +45,17 @@ fn fill(store: &mut dyn Store) {
 
 /// The plan the backend makes for `statement` with `params`, one line per node.
 fn plan(store: &mut dyn Store, statement: &Sql, params: &[&dyn ToSql]) -> String {
+    plan_after(store, None, statement, params)
+}
+
+/// [`plan`] in a transaction that first ran `setup` (a setting the statement's own transaction
+/// makes).
+fn plan_after(
+    store: &mut dyn Store,
+    setup: Option<&Sql>,
+    statement: &Sql,
+    params: &[&dyn ToSql],
+) -> String {
     let explain = Sql {
         sqlite: Box::leak(format!("EXPLAIN QUERY PLAN {}", statement.sqlite).into_boxed_str()),
         postgres: Box::leak(format!("EXPLAIN {}", statement.postgres).into_boxed_str()),
@@ -57,6 +70,9 @@ fn plan(store: &mut dyn Store, statement: &Sql, params: &[&dyn ToSql]) -> String
             } else {
                 3
             };
+            if let Some(setup) = setup {
+                tx.rows(setup, params![], |_| Ok(()))?;
+            }
             tx.rows(&explain, params, |r| r.get::<String>(column))
         })
         .expect("explain")
@@ -202,4 +218,64 @@ fn rare_event_types_are_read_by_index(store: &mut dyn Store) {
         assert_eq!(got.iter().collect::<Vec<_>>(), want, "after {after}");
         assert!(!got.is_empty() || after > everything[everything.len() - 13].seq);
     }
+}
+
+/// A prune batch costs the same however many runs the ledger holds: its candidates are a range
+/// of `runs_prune`, a tree's rows are read and deleted by their run's key, and "does anything
+/// still refer to this blob" is a probe of each referring column's index.
+fn prune_reads_by_index(store: &mut dyn Store) {
+    fill(store);
+    // Many runs, few of them finished top-level ones: what a ledger in use looks like.
+    let many = Sql::same(
+        "INSERT INTO runs (run_id, workflow_ref, workflow_name, status, created_at, updated_at,
+            completed_at)
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000)
+        SELECT 'm' || CAST(i AS TEXT), 'wf', 'wf',
+            CASE WHEN i % 10 = 0 THEN 'completed' ELSE 'active' END, i, i,
+            CASE WHEN i % 10 = 0 THEN i END
+        FROM n",
+    );
+    let analyze = Sql::same("ANALYZE");
+    store
+        .write("analyzing", |tx| {
+            tx.exec(&many, params![])?;
+            tx.exec(&analyze, params![]).map(|_| ())
+        })
+        .expect("analyze");
+    let candidates = plan_after(
+        store,
+        Some(&retention::sql::PLANNER_SQL),
+        &retention::sql::CANDIDATES_SQL,
+        params![T0, i64::MIN, "", 16_i64],
+    );
+    assert!(
+        candidates.contains("runs_prune"),
+        "prune's candidates by runs_prune:\n{candidates}"
+    );
+    let runs = events::json_array(&["p1".to_owned(), "p2".to_owned()]);
+    for table in retention::archive::RUN_TABLES.iter() {
+        let read = plan_after(
+            store,
+            Some(&retention::sql::PLANNER_SQL),
+            &retention::archive::statements(table).select,
+            params![runs],
+        );
+        assert!(
+            !read.contains(&format!("SCAN {}", table.name))
+                && !read.contains(&format!("Seq Scan on {}", table.name)),
+            "a tree's {} rows by their key:\n{read}",
+            table.name
+        );
+    }
+    let digests = events::json_array(&["sha256:00".to_owned()]);
+    let blobs = plan_after(
+        store,
+        Some(&retention::sql::PLANNER_SQL),
+        &retention::sql::BLOBS_DELETE_SQL,
+        params![digests],
+    );
+    assert!(
+        !blobs.contains("SCAN r") && !blobs.contains("Seq Scan on runs"),
+        "every reference probe by an index:\n{blobs}"
+    );
 }

@@ -172,7 +172,9 @@ pub const RUN_TABLES: [Table; 6] = [
             "ts",
         ],
         key: "resource_id",
-        order: "seq",
+        // The key's own index order: `ORDER BY seq` made SQLite walk the whole log in seq
+        // order (checking each row against the list) rather than read each run's range.
+        order: "resource_id, revision",
     },
 ];
 

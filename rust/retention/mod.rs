@@ -19,7 +19,7 @@
 
 pub mod archive;
 mod restore;
-mod sql;
+pub(crate) mod sql;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
@@ -276,6 +276,7 @@ impl Pruner {
     ) -> Result<Batch> {
         let spec = &self.spec;
         let mut out = Batch::default();
+        tx.rows(&sql::PLANNER_SQL, params![], |_| Ok(()))?;
         let candidates: Vec<(String, i64)> = tx.rows(
             &sql::CANDIDATES_SQL,
             params![

@@ -271,6 +271,7 @@ fn check_columns(n: u64, tables: Option<&JsonValue>) -> Result<()> {
 /// Which of `run_ids` are in the ledger.
 pub fn existing_runs(store: &mut dyn Store, run_ids: &[String]) -> Result<Vec<String>> {
     store.read("restoring", |tx| {
+        tx.rows(&super::sql::PLANNER_SQL, params![], |_| Ok(()))?;
         let mut found = Vec::new();
         for chunk in run_ids.chunks(500) {
             found.extend(tx.rows(

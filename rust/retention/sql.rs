@@ -4,6 +4,16 @@
 
 use crate::store::Sql;
 
+/// First in every prune transaction. PostgreSQL plans a list parameter (`= ANY (ARRAY(...))`)
+/// as if it held 100 ids, and for a few runs of a small or freshly grown table that estimate can
+/// make a sequential scan look cheaper than the key lookups; a prune batch only ever touches its
+/// own runs' rows, by key, so no scan is ever the right plan: the setting lasts until the batch
+/// commits. SQLite plans by its indexes as written: nothing to set.
+pub const PLANNER_SQL: Sql = Sql::split(
+    "SELECT 1",
+    "SELECT set_config('enable_seqscan', 'off', true)",
+);
+
 /// The next top-level terminal runs finished before `?1`, after the cursor `(?2, ?3)`, oldest
 /// finish first, `?4` at most: a range of the partial index `runs_prune`, so a batch costs the
 /// same however many runs the ledger holds. Non-terminal runs are not in the index; the

@@ -253,7 +253,7 @@ fn prune_reads_by_index(store: &mut dyn Store) {
         "prune's candidates by runs_prune:\n{candidates}"
     );
     let runs = events::json_array(&["p1".to_owned(), "p2".to_owned()]);
-    for table in retention::archive::RUN_TABLES.iter() {
+    for table in &retention::archive::RUN_TABLES {
         let read = plan_after(
             store,
             Some(&retention::sql::PLANNER_SQL),

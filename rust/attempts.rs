@@ -22,7 +22,7 @@ use crate::store::{sql, BatchStatements, DbResult, Row, Store, Tx};
 
 mod read;
 mod spec;
-pub use read::{accounting, attempts, orphans, unit, units};
+pub use read::{accounting, attempts, orphans, unit, unit_counts, units, UnitFilter};
 pub use spec::{FinishSpec, UnitSpec};
 
 /// Reserve (or reclaim) attempts for `units` of one run, in one transaction.

@@ -17,7 +17,7 @@ use crate::events::{self, Actor};
 use crate::ids::check_name;
 use crate::model::{Claim, Lease};
 use crate::status::{run_state, RunStatus};
-use crate::store::{sql, Store, Tx};
+use crate::store::{sql, DbResult, Row, Store, Tx};
 
 /// The longest lease a claim or heartbeat may ask for: one day. A longer lease is almost
 /// always a unit mistake (seconds for milliseconds), and a dead owner would block the run
@@ -235,7 +235,7 @@ pub fn read(tx: &dyn Tx, run_id: &str) -> Result<Lease> {
     }))
 }
 
-fn lease_from_row(run_id: &str, r: &dyn crate::store::Row) -> crate::store::DbResult<Lease> {
+fn lease_from_row(run_id: &str, r: &dyn Row) -> DbResult<Lease> {
     Ok(Lease {
         run_id: run_id.to_owned(),
         generation: r.get(0)?,
@@ -482,19 +482,39 @@ pub fn lease(store: &mut dyn Store, run_id: &str) -> Result<Lease> {
     })
 }
 
-/// Owned leases past their expiry on runs that are not terminal, soonest-expired first.
-pub fn expired_leases(store: &mut dyn Store, now_ms: i64) -> Result<Vec<Lease>> {
+/// A lease read with its run id first.
+fn run_lease_from_row(r: &dyn Row) -> DbResult<Lease> {
+    Ok(Lease {
+        run_id: r.get(0)?,
+        generation: r.get(1)?,
+        owner_id: r.get(2)?,
+        owner_type: r.get(3)?,
+        expires_at: r.get(4)?,
+        heartbeat_at: r.get(5)?,
+    })
+}
+
+/// Owned leases past their expiry on runs that are not terminal (with `active_only`, on
+/// `active` runs), soonest-expired first.
+pub fn expired_leases(store: &mut dyn Store, now_ms: i64, active_only: bool) -> Result<Vec<Lease>> {
     store.read("listing expired leases", |tx| {
-        tx.rows(&sql::EXPIRED_LEASES_SQL, params![now_ms], |r| {
-            let run_id: String = r.get(0)?;
-            Ok(Lease {
-                generation: r.get(1)?,
-                owner_id: r.get(2)?,
-                owner_type: r.get(3)?,
-                expires_at: r.get(4)?,
-                heartbeat_at: r.get(5)?,
-                run_id,
-            })
-        })
+        tx.rows(
+            &sql::EXPIRED_LEASES_SQL,
+            params![now_ms, i64::from(active_only)],
+            run_lease_from_row,
+        )
+    })
+}
+
+/// Every run's lease in one read, runs newest first; with `owned_only`, only the leases that
+/// have an owner, soonest to expire first.
+pub fn leases(store: &mut dyn Store, owned_only: bool) -> Result<Vec<Lease>> {
+    store.read("listing leases", |tx| {
+        let statement = if owned_only {
+            &sql::OWNED_LEASES_SQL
+        } else {
+            &sql::LEASES_SQL
+        };
+        tx.rows(statement, params![], run_lease_from_row)
     })
 }

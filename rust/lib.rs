@@ -55,6 +55,11 @@ mod _core {
         m.add("__version__", crate::VERSION)?;
         m.add("MAX_DEPTH", crate::canonical::MAX_DEPTH)?;
         m.add("SCHEMA_VERSION", crate::store::migrate::SCHEMA_VERSION)?;
+        // The statuses in lifecycle order, for the facade's choices and zero-filled counts.
+        let runs = crate::status::RunStatus::ALL.iter().map(|s| s.as_str());
+        m.add("RUN_STATUSES", pyo3::types::PyTuple::new(m.py(), runs)?)?;
+        let units = crate::status::UnitStatus::ALL.iter().map(|s| s.as_str());
+        m.add("UNIT_STATUSES", pyo3::types::PyTuple::new(m.py(), units)?)?;
         Ok(())
     }
 }

@@ -58,6 +58,17 @@ macro_rules! status_enum {
                     _ => None,
                 }
             }
+
+            /// The status a caller named in `argument`, or `InvalidArgument` listing them all.
+            pub fn parse_argument(argument: &str, text: &str) -> Result<Self> {
+                Self::parse(text).ok_or_else(|| {
+                    let all: Vec<&str> = Self::ALL.iter().map(|s| s.as_str()).collect();
+                    LedgerError::invalid(
+                        argument,
+                        format!("must be one of {}, not {text:?}", all.join(", ")),
+                    )
+                })
+            }
         }
 
         impl std::fmt::Display for $name {
@@ -155,17 +166,6 @@ impl RunStatus {
                 format!("a run cannot go from {self} to {to}; from {self} it can go to {allowed}"),
             ))
         }
-    }
-
-    /// The status a caller named in `argument`, or `InvalidArgument` listing them all.
-    pub fn parse_argument(argument: &str, text: &str) -> Result<Self> {
-        Self::parse(text).ok_or_else(|| {
-            let all: Vec<&str> = Self::ALL.iter().map(|s| s.as_str()).collect();
-            LedgerError::invalid(
-                argument,
-                format!("must be one of {}, not {text:?}", all.join(", ")),
-            )
-        })
     }
 }
 

@@ -143,8 +143,8 @@ def test_doctor_is_quick_unless_asked_for_the_full_check(tmp_path: pathlib.Path)
     con = sqlite3.connect(db)
     con.execute("PRAGMA writable_schema = ON")
     con.execute(
-        "UPDATE sqlite_master SET sql = 'CREATE INDEX runs_updated ON runs(created_at, run_id)' "
-        "WHERE name = 'runs_updated'"
+        "UPDATE sqlite_master SET sql = 'CREATE INDEX runs_recent ON runs(run_id, created_at)' "
+        "WHERE name = 'runs_recent'"
     )
     con.commit()
     con.close()

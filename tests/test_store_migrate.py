@@ -115,7 +115,7 @@ def test_open_creates_the_schema_and_records_the_migration() -> None:
             rows = conn.execute(
                 "SELECT version, name FROM schema_migrations ORDER BY version"
             ).fetchall()
-            assert rows == [(1, "init"), (2, "fillfactor"), (3, "prune")]
+            assert rows == [(1, "init"), (2, "fillfactor"), (3, "prune"), (4, "reads")]
             tables = {
                 r[0]
                 for r in conn.execute(
@@ -148,11 +148,16 @@ DROP FUNCTION pruning_terminal_only();
 DROP INDEX runs_prune, runs_definition_ref, runs_params_ref, runs_input_ref,
     runs_launch_options_ref, runs_source_ref, runs_plan_ref, runs_outputs_ref, events_rare_type;
 """
+# What 0004_reads added, taken away again: the recency index as version 1 made it.
+UNDO_0004 = """
+DROP INDEX runs_recent, runs_status_recent, units_first_started;
+CREATE INDEX runs_updated ON runs(updated_at DESC, created_at DESC);
+"""
 
 
 def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
     # The schema as version 1 left it (its own migration file, run by hand), with a run and an
-    # attempt in it; opening applies 0002 and 0003 and keeps every row.
+    # attempt in it; opening applies 0002 to 0004 and keeps every row.
     with pg_schema() as url:
         with pg_connect(PG_URL) as conn:
             conn.execute(f'CREATE SCHEMA "{schema_of(url)}"')
@@ -171,9 +176,10 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
             conn.execute("DELETE FROM schema_migrations WHERE version >= 2")
             conn.execute("ALTER TABLE attempts RESET (fillfactor)")
             conn.execute("ALTER TABLE units RESET (fillfactor)")
+            conn.execute(UNDO_0004)
             conn.execute(UNDO_0003)
         with fp.Ledger.open(url) as ledger:
-            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 3
+            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 4
             assert ledger.finish_attempt(
                 "old", "u1", res.attempt, res.dispatch_id, status="completed"
             )
@@ -183,7 +189,7 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
                 "SELECT version, name, applied_at FROM schema_migrations ORDER BY version"
             ).fetchall()
             assert rows[0] == (1, "init", 7)
-            assert [r[:2] for r in rows[1:]] == [(2, "fillfactor"), (3, "prune")]
+            assert [r[:2] for r in rows[1:]] == [(2, "fillfactor"), (3, "prune"), (4, "reads")]
             options = dict(
                 conn.execute(
                     "SELECT relname, reloptions FROM pg_class "

@@ -30,12 +30,26 @@ from fencepost.models import (
 __version__: Final[str]
 MAX_DEPTH: Final[int]
 SCHEMA_VERSION: Final[int]
+RUN_STATUSES: Final[tuple[str, ...]]
+UNIT_STATUSES: Final[tuple[str, ...]]
 
 def canonical_json(value: object) -> bytes:
     """RFC 8785 canonical UTF-8 bytes of ``value``; raises ``CanonicalJsonError``."""
 
 def digest(value: object) -> str:
     """``"sha256:" + hex(sha256(canonical_json(value)))``; raises ``CanonicalJsonError``."""
+
+class _RunQuery(TypedDict):
+    all_scopes: bool
+    scope_key: str | None
+    workflow_refs: list[str] | None
+    active_only: bool
+    include_children: bool
+    statuses: list[str] | None
+    limit: int | None
+    after_updated_ms: int | None
+    after_created_ms: int | None
+    after_run_id: str | None
 
 class _PruneTotals(TypedDict):
     runs: int
@@ -141,14 +155,7 @@ class Ledger:
     def publish_child_run(self, child: _ChildRun) -> Run: ...
     def get_run(self, run_id: str) -> Run | None: ...
     def resolve_run_id(self, prefix: str) -> str: ...
-    def list_runs(
-        self,
-        all_scopes: bool,
-        scope_key: str | None,
-        workflow_refs: list[str] | None,
-        active_only: bool,
-        include_children: bool,
-    ) -> list[Run]: ...
+    def list_runs(self, query: _RunQuery) -> list[Run]: ...
     def find_active_run(
         self, workflow_refs: list[str] | None, scope_key: str, outside: bool
     ) -> Run | None: ...
@@ -226,7 +233,16 @@ class Ledger:
         future: Future[list[bool]],
     ) -> None: ...
     def attempts(self, run_id: str, unit_id: str) -> list[Attempt]: ...
-    def units(self, run_id: str, step_id: str | None) -> list[Unit]: ...
+    def units(
+        self,
+        run_id: str,
+        step_id: str | None,
+        *,
+        status: str | None,
+        limit: int | None,
+        after: str | None,
+    ) -> list[Unit]: ...
+    def unit_counts(self, run_id: str) -> list[tuple[str, int]]: ...
     def unit(self, run_id: str, unit_id: str) -> Unit | None: ...
     def accounting(self, run_id: str) -> Accounting: ...
     def reserve_run(self, run: _QueuedRun) -> Run: ...
@@ -248,7 +264,8 @@ class Ledger:
         self, run_id: str, status: str, claim: Claim, *, future: Future[Run]
     ) -> None: ...
     def lease(self, run_id: str) -> Lease: ...
-    def expired_leases(self) -> list[Lease]: ...
+    def expired_leases(self, active_only: bool) -> list[Lease]: ...
+    def leases(self, owned_only: bool) -> list[Lease]: ...
     def events(
         self, run_id: str | None, after_seq: int, limit: int, types: list[str] | None
     ) -> list[Event]: ...

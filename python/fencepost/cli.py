@@ -15,15 +15,16 @@ import os
 import pathlib
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
 import fencepost as fp
-from fencepost import demo
+from fencepost import _core, demo
 from fencepost._format import iso, key_values, plain, table, write_json
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
+# The largest page a read returns (runs, units, events); larger reads page with a cursor.
+MAX_PAGE = 10_000
 
 
 class Refused(Exception):
@@ -65,20 +66,32 @@ def _resolve(ledger: fp.Ledger, prefix: str) -> str:
 
 def cmd_runs(args: argparse.Namespace, out: TextIO) -> int:
     with open_existing(args.db) as ledger:
+        after = None
+        if args.after is not None:
+            after = ledger.get_run(_resolve(ledger, args.after))
         runs = ledger.list_runs(
             scope_key=fp.ALL_SCOPES if args.scope is None else args.scope,
             active_only=args.active,
             include_children=args.children,
+            status=args.status,
+            limit=args.limit,
+            after=after,
         )
     if args.json:
         write_json(runs, out)
-        return EXIT_OK
-    rows = [
-        (r.run_id, r.status, r.workflow_ref, r.scope_key, r.current_step_id, r.revision,
-         iso(r.updated_at))
-        for r in runs
-    ]  # fmt: skip
-    table(rows, ["RUN", "STATUS", "WORKFLOW", "SCOPE", "STEP", "REV", "UPDATED"], out)
+    else:
+        rows = [
+            (r.run_id, r.status, r.workflow_ref, r.scope_key, r.current_step_id, r.revision,
+             iso(r.updated_at))
+            for r in runs
+        ]  # fmt: skip
+        table(rows, ["RUN", "STATUS", "WORKFLOW", "SCOPE", "STEP", "REV", "UPDATED"], out)
+    if len(runs) == args.limit:
+        # A full page may have more behind it: say how to read on, where a script's parser
+        # of stdout does not see it.
+        sys.stderr.write(
+            f"{len(runs)} runs shown (--limit); the next page: --after {runs[-1].run_id}\n"
+        )
     return EXIT_OK
 
 
@@ -88,15 +101,16 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         run = ledger.get_run(run_id)
         assert run is not None
         steps = ledger.steps(run_id)
-        units = ledger.units(run_id)
+        counts = ledger.unit_counts(run_id)
         lease = ledger.lease(run_id)
         accounting = ledger.accounting(run_id)
-    by_status = dict(sorted(Counter(u.status for u in units).items()))
+    by_status = {k: v for k, v in counts.items() if v}
+    total = sum(counts.values())
     if args.json:
         doc = {
             "run": plain(run),
             "steps": plain(steps),
-            "units": {"total": len(units), "by_status": by_status},
+            "units": {"total": total, "by_status": by_status},
             "lease": plain(lease),
             "accounting": plain(accounting),
         }
@@ -110,7 +124,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         ("updated", iso(run.updated_at)), ("completed", iso(run.completed_at)),
         ("lease", f"generation {lease.generation}, owner {lease.owner_id or '-'}"
                   f" ({lease.owner_type or '-'}), expires {iso(lease.expires_at)}"),
-        ("units", f"{len(units)} " + " ".join(f"{k}={v}" for k, v in by_status.items())),
+        ("units", f"{total} " + " ".join(f"{k}={v}" for k, v in by_status.items())),
         ("attempts", f"{accounting.total_attempts} (unit {accounting.dispatch_attempts}, "
                      f"gate {accounting.gate_attempts}), tokens {accounting.total_tokens}"),
     ]  # fmt: skip
@@ -154,6 +168,11 @@ def cmd_events(args: argparse.Namespace, out: TextIO) -> int:
                 after = events[-1].seq
             out.flush()
             if not args.follow:
+                # A full page: one indexed probe says whether more follow, and how to read on.
+                if len(events) == args.limit and ledger.events(run_id, after_seq=after, limit=1):
+                    sys.stderr.write(
+                        f"{len(events)} events shown (--limit); more follow: --after {after}\n"
+                    )
                 return EXIT_OK
             if not events:
                 time.sleep(args.interval)
@@ -161,11 +180,8 @@ def cmd_events(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_leases(args: argparse.Namespace, out: TextIO) -> int:
     with open_existing(args.db) as ledger:
-        if args.expired:
-            leases = ledger.expired_leases()
-        else:
-            runs = ledger.list_runs(include_children=True)
-            leases = [ledger.lease(r.run_id) for r in runs]
+        expired = args.expired
+        leases = ledger.expired_leases() if expired else ledger.leases(owned_only=args.owned)
     if args.json:
         write_json(leases, out)
         return EXIT_OK
@@ -185,10 +201,7 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
         pragmas = ledger.pragmas()
         integrity = ledger.integrity_check(quick=not args.full)
         orphans = ledger.orphan_attempts()
-        expired = [
-            le for le in ledger.expired_leases()
-            if (run := ledger.get_run(le.run_id)) is not None and run.status == "active"
-        ]  # fmt: skip
+        expired = ledger.expired_leases(active_only=True)
     healthy = integrity == ["ok"] and not orphans
     report = {
         "database": ledger.target,
@@ -296,6 +309,15 @@ def usage(message: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
+def _page(text: str) -> int:
+    value = _positive(text)
+    if value > MAX_PAGE:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_PAGE} (a page; read on with --after), not {value}"
+        )
+    return value
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -339,6 +361,16 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--scope", help="only this scope key")
     r.add_argument("--active", action="store_true", help="only active runs")
     r.add_argument("--children", action="store_true", help="include child runs")
+    r.add_argument(
+        "--status",
+        action="append",
+        choices=_core.RUN_STATUSES,
+        help="only runs in STATUS (repeatable)",
+    )
+    r.add_argument(
+        "--limit", type=_page, default=1000, help="runs per page (at most 10000; default 1000)"
+    )
+    r.add_argument("--after", metavar="RUN_PREFIX", help="the page after this run")
     r.set_defaults(func=cmd_runs)
 
     s = sub.add_parser("show", parents=[common], help="one run: steps, units, lease, accounting")
@@ -348,13 +380,16 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("events", parents=[common], help="the event log, oldest first")
     e.add_argument("run_prefix", metavar="RUN_PREFIX", nargs="?")
     e.add_argument("--after", type=int, default=0, metavar="SEQ", help="only events after SEQ")
-    e.add_argument("--limit", type=_positive, default=1000, help="events per page")
+    e.add_argument(
+        "--limit", type=_page, default=1000, help="events per page (at most 10000; default 1000)"
+    )
     e.add_argument("--follow", action="store_true", help="keep printing new events (Ctrl-C)")
     e.add_argument("--interval", type=float, default=0.5, help=argparse.SUPPRESS)
     e.set_defaults(func=cmd_events)
 
     le = sub.add_parser("leases", parents=[common], help="the lease of every run")
     le.add_argument("--expired", action="store_true", help="only expired leases, live runs")
+    le.add_argument("--owned", action="store_true", help="only leases with an owner now")
     le.set_defaults(func=cmd_leases)
 
     doc = sub.add_parser("doctor", parents=[common], help="check the database; exit 1 if not")

@@ -30,6 +30,7 @@ from fencepost.models import (
     Run,
     Step,
     Unit,
+    to_ms,
 )
 
 __all__ = ["ALL_SCOPES", "Ledger", "redact_target"]
@@ -326,13 +327,33 @@ class Ledger:
         workflow_refs: Iterable[str] | None = None,
         active_only: bool = False,
         include_children: bool = False,
+        status: str | Iterable[str] | None = None,
+        limit: int | None = None,
+        after: Run | None = None,
     ) -> list[Run]:
         """Runs, most recently updated first. ``active_only`` means exactly ``active`` (not
-        ``blocked``); children are left out unless ``include_children``."""
-        all_scopes = isinstance(scope_key, _AllScopes)
-        scope = None if isinstance(scope_key, _AllScopes) else scope_key
+        ``blocked``); ``status`` keeps runs in that status (or any of several); children are
+        left out unless ``include_children``. ``limit`` (1 to 10 000) makes it a page: pass
+        the page's last run as ``after`` for the next one (an empty page is the end). Each
+        page is read by index, so page 1 000 costs what page 1 does."""
+        if after is not None and not isinstance(after, Run):
+            raise InvalidArgument(
+                f"after must be the last Run of the page before, not {type(after).__name__}",
+                argument="after",
+            )
         return self._core.list_runs(
-            all_scopes, scope, _refs(workflow_refs, "workflow_refs"), active_only, include_children
+            {
+                "all_scopes": isinstance(scope_key, _AllScopes),
+                "scope_key": None if isinstance(scope_key, _AllScopes) else scope_key,
+                "workflow_refs": _refs(workflow_refs, "workflow_refs"),
+                "active_only": active_only,
+                "include_children": include_children,
+                "statuses": _refs(status, "status"),
+                "limit": limit,
+                "after_updated_ms": None if after is None else to_ms(after.updated_at),
+                "after_created_ms": None if after is None else to_ms(after.created_at),
+                "after_run_id": None if after is None else after.run_id,
+            }
         )
 
     def find_active_run(self, workflow_refs: str | Iterable[str], scope_key: str) -> Run | None:
@@ -490,9 +511,28 @@ class Ledger:
         """Every attempt of a unit, oldest first."""
         return self._core.attempts(run_id, unit_id)
 
-    def units(self, run_id: str, *, step_id: str | None = None) -> list[Unit]:
-        """The run's unit projections, in order of first reservation."""
-        return self._core.units(run_id, step_id)
+    def units(
+        self,
+        run_id: str,
+        *,
+        step_id: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> list[Unit]:
+        """The run's unit projections, in order of first reservation, optionally of one step
+        and one status. ``limit`` (1 to 10 000) makes it a page: pass the ``unit_id`` of the
+        page's last unit as ``after`` for the next one (an empty page is the end). A unit keeps
+        its place for good, so the cursor holds while the run goes on."""
+        return self._core.units(run_id, step_id, status=status, limit=limit, after=after)
+
+    def unit_counts(self, run_id: str) -> dict[str, int]:
+        """How many of the run's units are in each unit status, every status listed (0 where
+        none are), counted by the database: a run of a million units costs one indexed read,
+        not a million records. ``RunNotFound`` for an unknown run."""
+        counts = dict.fromkeys(_core.UNIT_STATUSES, 0)
+        counts.update(self._core.unit_counts(run_id))
+        return counts
 
     def unit(self, run_id: str, unit_id: str) -> Unit | None:
         """One unit projection, or ``None``."""
@@ -604,9 +644,17 @@ class Ledger:
         """The run's lease: generation 0 and no owner if it was never claimed."""
         return self._core.lease(run_id)
 
-    def expired_leases(self) -> list[Lease]:
-        """Owned leases whose expiry has passed (ledger clock) on runs that are not terminal."""
-        return self._core.expired_leases()
+    def expired_leases(self, *, active_only: bool = False) -> list[Lease]:
+        """Owned leases whose expiry has passed (ledger clock) on runs that are not terminal
+        (with ``active_only``, on ``active`` runs), soonest-expired first."""
+        return self._core.expired_leases(active_only)
+
+    def leases(self, *, owned_only: bool = False) -> list[Lease]:
+        """Every run's lease in one read, runs newest first (a run never claimed has
+        generation 0 and no owner). With ``owned_only``, only the leases that have an owner
+        now, soonest to expire first: a read that costs what the live owners do, however long
+        the ledger's history."""
+        return self._core.leases(owned_only)
 
     # ------------------------------------------------------------------ events
 

@@ -2,9 +2,10 @@
 
 use crate::params;
 
-use crate::errors::Result;
+use crate::errors::{LedgerError, Result};
+use crate::events::MAX_PAGE;
 use crate::model::{Accounting, Attempt, Unit};
-use crate::status::run_state;
+use crate::status::{run_state, UnitStatus};
 use crate::store::{sql, DbResult, Row, Store};
 
 /// Every attempt of a unit, oldest first.
@@ -46,14 +47,93 @@ fn unit_from_row(r: &dyn Row) -> DbResult<Unit> {
     })
 }
 
-/// The run's unit projections in order of first reservation.
-pub fn units(store: &mut dyn Store, run_id: &str, step_id: Option<&str>) -> Result<Vec<Unit>> {
+/// `units` filters and page.
+#[derive(Debug, Clone, Default)]
+pub struct UnitFilter {
+    /// The run.
+    pub run_id: String,
+    /// Only units of this step.
+    pub step_id: Option<String>,
+    /// Only units in this status.
+    pub status: Option<String>,
+    /// At most this many units, from 1 to [`crate::events::MAX_PAGE`] (`None` = all).
+    pub limit: Option<i64>,
+    /// Continue after this unit: the last unit of the page before.
+    pub after: Option<String>,
+}
+
+impl UnitFilter {
+    /// Every unit of `run_id`.
+    #[must_use]
+    pub fn of(run_id: &str) -> Self {
+        Self {
+            run_id: run_id.to_owned(),
+            ..Self::default()
+        }
+    }
+}
+
+/// The run's unit projections in order of first reservation, a page of them with `limit` and
+/// `after`. A unit keeps its place in that order for good (its first reservation does not
+/// change), so a cursor stays valid while the run goes on.
+pub fn units(store: &mut dyn Store, f: &UnitFilter) -> Result<Vec<Unit>> {
+    if let Some(limit) = f.limit {
+        if !(1..=MAX_PAGE).contains(&limit) {
+            return Err(LedgerError::invalid(
+                "limit",
+                format!("must be from 1 to {MAX_PAGE}, not {limit}; page on with after="),
+            ));
+        }
+    }
+    let status = match &f.status {
+        Some(s) => Some(UnitStatus::parse_argument("status", s)?),
+        None => None,
+    };
     store.read("listing units", |tx| {
+        let place = match &f.after {
+            None => (i64::MIN, String::new()),
+            Some(unit_id) => {
+                let at = tx.row(&sql::UNIT_PLACE_SQL, params![f.run_id, unit_id], |r| {
+                    r.get::<i64>(0)
+                })?;
+                let at = at.ok_or_else(|| {
+                    LedgerError::invalid(
+                        "after",
+                        format!(
+                            "run {:?} has no unit {unit_id:?}; pass the unit_id of the last \
+                             unit of the page before",
+                            f.run_id
+                        ),
+                    )
+                })?;
+                (at, unit_id.clone())
+            }
+        };
         tx.rows(
             &sql::LIST_UNITS_SQL,
-            params![run_id, step_id],
+            params![
+                f.run_id,
+                place.0,
+                place.1,
+                f.step_id,
+                status,
+                f.limit.unwrap_or(i64::MAX)
+            ],
             unit_from_row,
         )
+    })
+}
+
+/// How many of the run's units are in each status (statuses without units left out), counted
+/// by the database; `RunNotFound` for an unknown run.
+pub fn unit_counts(store: &mut dyn Store, run_id: &str) -> Result<Vec<(UnitStatus, i64)>> {
+    store.read("counting units", |tx| {
+        run_state(tx, run_id)?;
+        let mut counts = tx.rows(&sql::UNIT_COUNTS_SQL, params![run_id], |r| {
+            Ok((r.get::<UnitStatus>(0)?, r.get::<i64>(1)?))
+        })?;
+        counts.sort_by_key(|(s, _)| UnitStatus::ALL.iter().position(|a| a == s));
+        Ok(counts)
     })
 }
 

@@ -73,7 +73,7 @@ fn rows_of(store: &mut dyn Store, runs: &[&str]) -> Vec<String> {
                 e.ts
             ));
         }
-        for u in attempts::units(store, run, None).expect("units") {
+        for u in attempts::units(store, &attempts::UnitFilter::of(run)).expect("units") {
             for a in attempts::attempts(store, run, &u.unit_id).expect("attempts") {
                 out.push(format!("{a:?}"));
             }
@@ -220,7 +220,7 @@ pub(super) fn a_failing_call_keeps_its_neighbours(store: &mut dyn Store) {
     assert!(outcome.fell_back, "a store error ends the group");
     assert!(out[0].is_ok() && out[2].is_ok());
     assert!(matches!(out[1], Err(LedgerError::StoreError { .. })));
-    let units = attempts::units(store, "r2", None).expect("units");
+    let units = attempts::units(store, &attempts::UnitFilter::of("r2")).expect("units");
     assert_eq!(units.len(), 3, "the neighbours' writes are kept");
     let types: Vec<String> = events::read(store, Some("r2"), 0, 1000, None)
         .expect("events")

@@ -37,14 +37,41 @@ fn fill(store: &mut dyn Store) {
             Ok(())
         })
         .expect("fill");
-    let analyze = Sql::same("ANALYZE events");
+    analyze(store);
+}
+
+/// 3 000 runs made by SQL beside `p0` (which must exist): one in ten completed, one in a
+/// hundred failed, the rest active; `updated_at` and `created_at` repeat (every 7 and every 3
+/// runs), so that ties are broken by the run id; every fourth run is a child of `p0`. Then
+/// `ANALYZE`.
+pub(super) fn many_runs(store: &mut dyn Store) {
+    let many = Sql::same(
+        "INSERT INTO runs (run_id, workflow_ref, workflow_name, status, parent_run_id,
+            created_at, updated_at, completed_at)
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000)
+        SELECT 'm' || CAST(i AS TEXT), 'wf', 'wf',
+            CASE WHEN i % 100 = 0 THEN 'failed' WHEN i % 10 = 0 THEN 'completed'
+                 ELSE 'active' END,
+            CASE WHEN i % 4 = 0 THEN 'p0' END,
+            i / 3, i / 7, CASE WHEN i % 10 = 0 THEN i END
+        FROM n",
+    );
+    store
+        .write("filling runs", |tx| tx.exec(&many, params![]).map(|_| ()))
+        .expect("fill runs");
+    analyze(store);
+}
+
+/// `ANALYZE`, so the planner knows the tables are not tiny.
+pub(super) fn analyze(store: &mut dyn Store) {
+    let analyze = Sql::same("ANALYZE");
     store
         .write("analyzing", |tx| tx.exec(&analyze, params![]).map(|_| ()))
         .expect("analyze");
 }
 
 /// The plan the backend makes for `statement` with `params`, one line per node.
-fn plan(store: &mut dyn Store, statement: &Sql, params: &[&dyn ToSql]) -> String {
+pub(super) fn plan(store: &mut dyn Store, statement: &Sql, params: &[&dyn ToSql]) -> String {
     plan_after(store, None, statement, params)
 }
 
@@ -183,10 +210,7 @@ fn fill_dense(store: &mut dyn Store) {
             Ok(())
         })
         .expect("fill");
-    let analyze = Sql::same("ANALYZE events");
-    store
-        .write("analyzing", |tx| tx.exec(&analyze, params![]).map(|_| ()))
-        .expect("analyze");
+    analyze(store);
 }
 
 fn rare_event_types_are_read_by_index(store: &mut dyn Store) {
@@ -226,22 +250,7 @@ fn rare_event_types_are_read_by_index(store: &mut dyn Store) {
 fn prune_reads_by_index(store: &mut dyn Store) {
     fill(store);
     // Many runs, few of them finished top-level ones: what a ledger in use looks like.
-    let many = Sql::same(
-        "INSERT INTO runs (run_id, workflow_ref, workflow_name, status, created_at, updated_at,
-            completed_at)
-        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000)
-        SELECT 'm' || CAST(i AS TEXT), 'wf', 'wf',
-            CASE WHEN i % 10 = 0 THEN 'completed' ELSE 'active' END, i, i,
-            CASE WHEN i % 10 = 0 THEN i END
-        FROM n",
-    );
-    let analyze = Sql::same("ANALYZE");
-    store
-        .write("analyzing", |tx| {
-            tx.exec(&many, params![])?;
-            tx.exec(&analyze, params![]).map(|_| ())
-        })
-        .expect("analyze");
+    many_runs(store);
     let candidates = plan_after(
         store,
         Some(&retention::sql::PLANNER_SQL),

@@ -26,7 +26,8 @@ use crate::py::errors::to_pyerr;
 mod keywords;
 
 pub use keywords::{
-    unit_arg, units_arg, ChildRunArgs, FinishArgs, QueuedRunArgs, StartRunArgs, StepResultArgs,
+    run_filter, unit_arg, units_arg, ChildRunArgs, FinishArgs, QueuedRunArgs, StartRunArgs,
+    StepResultArgs,
 };
 
 /// `InvalidArgument` naming `argument`.

@@ -27,12 +27,13 @@ use crate::py::args::{
 };
 use crate::py::errors::to_pyerr;
 use crate::py::records;
-use crate::runs::{self, RunFilter};
+use crate::runs;
 use crate::store::{Durability, OpenOptions};
 use crate::writer::{Config, Op, Writer};
 
 mod call;
 mod retention;
+use crate::attempts::UnitFilter;
 use crate::{attempts, blobs, events, leases, queue};
 
 /// The ledger handle: one connection behind the group-commit writer, shared safely between
@@ -210,19 +211,9 @@ impl PyLedger {
     fn list_runs<'py>(
         &self,
         py: Python<'py>,
-        all_scopes: bool,
-        scope_key: &Bound<'py, PyAny>,
-        workflow_refs: &Bound<'py, PyAny>,
-        active_only: &Bound<'py, PyAny>,
-        include_children: &Bound<'py, PyAny>,
+        query: &Bound<'py, PyDict>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let filter = RunFilter {
-            all_scopes,
-            scope_key: opt_text(scope_key, "scope_key")?,
-            workflow_refs: str_list(workflow_refs, "workflow_refs")?,
-            active_only: flag(active_only, "active_only")?,
-            include_children: flag(include_children, "include_children")?,
-        };
+        let filter = args::run_filter(query)?;
         let runs = self.run(py, move |s, _| runs::list_runs(s, &filter))?;
         records::runs(py, runs)
     }
@@ -431,18 +422,36 @@ impl PyLedger {
         rows.into_iter().map(|a| records::attempt(py, a)).collect()
     }
 
+    #[pyo3(signature = (run_id, step_id, *, status, limit, after))]
     fn units<'py>(
         &self,
         py: Python<'py>,
         run_id: &Bound<'py, PyAny>,
         step_id: &Bound<'py, PyAny>,
+        status: &Bound<'py, PyAny>,
+        limit: &Bound<'py, PyAny>,
+        after: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let run_id = text(run_id, "run_id")?;
-        let step_id = opt_text(step_id, "step_id")?;
-        let rows = self.run(py, move |s, _| {
-            attempts::units(s, &run_id, step_id.as_deref())
-        })?;
+        let filter = UnitFilter {
+            run_id: text(run_id, "run_id")?,
+            step_id: opt_text(step_id, "step_id")?,
+            status: opt_text(status, "status")?,
+            limit: opt_int(limit, "limit")?,
+            after: opt_text(after, "after")?,
+        };
+        let rows = self.run(py, move |s, _| attempts::units(s, &filter))?;
         rows.into_iter().map(|u| records::unit(py, u)).collect()
+    }
+
+    /// `(status, count)` pairs, in lifecycle order.
+    fn unit_counts(
+        &self,
+        py: Python<'_>,
+        run_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<(&'static str, i64)>> {
+        let run_id = text(run_id, "run_id")?;
+        let counts = self.run(py, move |s, _| attempts::unit_counts(s, &run_id))?;
+        Ok(counts.into_iter().map(|(s, n)| (s.as_str(), n)).collect())
     }
 
     fn unit<'py>(
@@ -574,8 +583,25 @@ impl PyLedger {
         records::lease(py, lease)
     }
 
-    fn expired_leases<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let leases = self.run(py, leases::expired_leases)?;
+    fn expired_leases<'py>(
+        &self,
+        py: Python<'py>,
+        active_only: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let active_only = flag(active_only, "active_only")?;
+        let leases = self.run(py, move |s, now| {
+            leases::expired_leases(s, now, active_only)
+        })?;
+        leases.into_iter().map(|l| records::lease(py, l)).collect()
+    }
+
+    fn leases<'py>(
+        &self,
+        py: Python<'py>,
+        owned_only: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let owned_only = flag(owned_only, "owned_only")?;
+        let leases = self.run(py, move |s, _| leases::leases(s, owned_only))?;
         leases.into_iter().map(|l| records::lease(py, l)).collect()
     }
 

@@ -20,5 +20,5 @@ pub(crate) use progress::{complete_step_in, set_status_in};
 pub(crate) use read::must_read_run;
 pub use read::{
     child_runs, find_active_run, find_scope_occupant, get_run, list_runs, resolve_run_id, steps,
-    RunFilter,
+    RunCursor, RunFilter,
 };

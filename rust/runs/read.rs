@@ -6,7 +6,7 @@ use crate::params;
 use crate::errors::{LedgerError, Result};
 use crate::events::json_array;
 use crate::model::{Run, Step};
-use crate::status::run_state;
+use crate::status::{run_state, RunStatus};
 use crate::store::{sql, DbResult, Row, Store, Tx};
 
 fn run_from_row(r: &dyn Row) -> DbResult<Run> {
@@ -103,7 +103,7 @@ fn prefix_successor(prefix: &str) -> String {
     above
 }
 
-/// `list_runs` filters.
+/// `list_runs` filters and page.
 #[derive(Debug, Clone, Default)]
 pub struct RunFilter {
     /// Ignore `scope_key` and list every scope.
@@ -112,27 +112,103 @@ pub struct RunFilter {
     pub scope_key: Option<String>,
     /// Only these refs.
     pub workflow_refs: Option<Vec<String>>,
-    /// Only `active`.
+    /// Only `active` (the same as `statuses` of just `active`, and with them: both must hold).
     pub active_only: bool,
     /// Include child runs.
     pub include_children: bool,
+    /// Only runs in these statuses (`None` = any).
+    pub statuses: Option<Vec<String>>,
+    /// At most this many runs, from 1 to [`crate::events::MAX_PAGE`] (`None` = all).
+    pub limit: Option<i64>,
+    /// Continue after this run: the last run of the page before.
+    pub after: Option<RunCursor>,
 }
 
-/// Runs, most recently updated first.
+/// A place in `list_runs`' order: the `updated_at`, `created_at` and `run_id` of the last run
+/// a page returned, as that page saw them. The next page starts strictly below it, so a run
+/// that changed in between is neither repeated nor skipped because of that change (it is where
+/// its new `updated_at` puts it: above the cursor, on the first page again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunCursor {
+    /// The run's `updated_at` (ms).
+    pub updated_at: i64,
+    /// The run's `created_at` (ms).
+    pub created_at: i64,
+    /// The run's id.
+    pub run_id: String,
+}
+
+/// The sort key of `list_runs`: newest first, run ids bytewise.
+fn recency(run: &Run) -> (i64, i64, &[u8]) {
+    (run.updated_at, run.created_at, run.run_id.as_bytes())
+}
+
+/// Runs, most recently updated first; a page of them with `limit` and `after`.
 pub fn list_runs(store: &mut dyn Store, f: &RunFilter) -> Result<Vec<Run>> {
+    if let Some(limit) = f.limit {
+        if !(1..=crate::events::MAX_PAGE).contains(&limit) {
+            return Err(LedgerError::invalid(
+                "limit",
+                format!(
+                    "must be from 1 to {}, not {limit}; page on with after=",
+                    crate::events::MAX_PAGE
+                ),
+            ));
+        }
+    }
+    let mut statuses = match &f.statuses {
+        None => None,
+        Some(names) => Some(
+            names
+                .iter()
+                .map(|n| RunStatus::parse_argument("status", n))
+                .collect::<Result<Vec<_>>>()?,
+        ),
+    };
+    if f.active_only {
+        let active = statuses
+            .as_ref()
+            .is_none_or(|s| s.contains(&RunStatus::Active));
+        statuses = Some(if active {
+            vec![RunStatus::Active]
+        } else {
+            Vec::new()
+        });
+    }
+    if let Some(s) = statuses.as_mut() {
+        s.sort_by_key(|s| s.as_str());
+        s.dedup();
+    }
     let refs = f.workflow_refs.as_deref().map(json_array);
+    let (updated, created, after_id) = f.after.as_ref().map_or((i64::MAX, i64::MAX, ""), |c| {
+        (c.updated_at, c.created_at, c.run_id.as_str())
+    });
+    let limit = f.limit.unwrap_or(i64::MAX);
     store.read("listing runs", |tx| {
-        tx.rows(
-            &sql::LIST_RUNS_SQL,
-            params![
-                i64::from(f.all_scopes),
-                f.scope_key,
-                refs,
-                i64::from(f.active_only),
-                i64::from(f.include_children)
-            ],
-            run_from_row,
-        )
+        let scope = (i64::from(f.all_scopes), &f.scope_key, &refs);
+        let children = i64::from(f.include_children);
+        let Some(statuses) = &statuses else {
+            return tx.rows(
+                &sql::LIST_RUNS_SQL,
+                params![scope.0, scope.1, scope.2, children, updated, created, after_id, limit],
+                run_from_row,
+            );
+        };
+        // One index range per status, each already in order and at most a page long; the
+        // page is the newest `limit` of their union.
+        let mut runs = Vec::new();
+        for status in statuses {
+            runs.extend(tx.rows(
+                &sql::LIST_RUNS_OF_STATUS_SQL,
+                params![
+                    scope.0, scope.1, scope.2, children, updated, created, after_id, limit, status
+                ],
+                run_from_row,
+            )?);
+        }
+        runs.sort_by(|a, b| recency(b).cmp(&recency(a)));
+        runs.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        Ok(runs)
     })
 }
 

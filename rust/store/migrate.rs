@@ -53,10 +53,11 @@ migrations! {
     1 "init" "0001_init.sql";
     2 "fillfactor" "0002_fillfactor.sql";
     3 "prune" "0003_prune.sql";
+    4 "reads" "0004_reads.sql";
 }
 
 /// The newest schema version this library knows.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// A backend's part of migrating: what cannot be said in one text for both dialects.
 #[derive(Debug)]

@@ -177,25 +177,59 @@ pub const RESOLVE_RUN_ID_SQL: Sql = Sql::split(
      ORDER BY run_id COLLATE \"C\" LIMIT 100",
 );
 
-/// Flags switch each filter off: ?1 all scopes, ?2 the scope (`IS` matches NULL too), ?3 the
-/// refs (NULL = any), ?4 active only, ?5 include children.
+/// Runs newest first, one page: ?1 all scopes, ?2 the scope (`IS` matches NULL too), ?3 the
+/// refs (NULL = any), ?4 include children, then the cursor, the last run of the page before
+/// (?5 `updated_at`, ?6 `created_at`, ?7 `run_id`; the first page passes a position above
+/// every run)
+/// and ?8 the page size. The cursor is a row value compared with the order's own columns, so
+/// the walk starts at the cursor's place in `runs_recent` instead of skipping every run of the
+/// pages before; a catch-all "no cursor" branch would hide that range from the planner. The
+/// filters are checked on the rows walked. PostgreSQL compares run ids bytewise (`"C"`) as the
+/// index and SQLite do.
 pub const LIST_RUNS_SQL: Sql = Sql::split(
     concat!(
         run_select!(),
-        "WHERE (?1 = 1 OR r.scope_key IS ?2)
+        "WHERE (r.updated_at, r.created_at, r.run_id) < (?5, ?6, ?7)
+       AND (?1 = 1 OR r.scope_key IS ?2)
        AND (?3 IS NULL OR r.workflow_ref IN (SELECT value FROM json_each(?3)))
-       AND (?4 = 0 OR r.status = 'active')
-       AND (?5 = 1 OR r.parent_run_id IS NULL)
-     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id DESC"
+       AND (?4 = 1 OR r.parent_run_id IS NULL)
+     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id DESC LIMIT ?8"
     ),
     concat!(
         run_select!(),
-        "WHERE (CAST(?1 AS BIGINT) = 1 OR r.scope_key IS NOT DISTINCT FROM CAST(?2 AS TEXT))
+        "WHERE (r.updated_at, r.created_at, r.run_id COLLATE \"C\")
+             < (CAST(?5 AS BIGINT), CAST(?6 AS BIGINT), CAST(?7 AS TEXT) COLLATE \"C\")
+       AND (CAST(?1 AS BIGINT) = 1 OR r.scope_key IS NOT DISTINCT FROM CAST(?2 AS TEXT))
        AND (CAST(?3 AS TEXT) IS NULL
             OR r.workflow_ref IN (SELECT jsonb_array_elements_text(CAST(?3 AS TEXT)::jsonb)))
-       AND (CAST(?4 AS BIGINT) = 0 OR r.status = 'active')
-       AND (CAST(?5 AS BIGINT) = 1 OR r.parent_run_id IS NULL)
-     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id DESC"
+       AND (CAST(?4 AS BIGINT) = 1 OR r.parent_run_id IS NULL)
+     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id COLLATE \"C\" DESC
+     LIMIT CAST(?8 AS BIGINT)"
+    ),
+);
+/// [`LIST_RUNS_SQL`] for runs of one status (?9): a range of `runs_status_recent`, already in
+/// page order, so a status rare among millions of runs is found without walking the others.
+/// Several statuses are one of these each, merged by the caller.
+pub const LIST_RUNS_OF_STATUS_SQL: Sql = Sql::split(
+    concat!(
+        run_select!(),
+        "WHERE r.status = ?9 AND (r.updated_at, r.created_at, r.run_id) < (?5, ?6, ?7)
+       AND (?1 = 1 OR r.scope_key IS ?2)
+       AND (?3 IS NULL OR r.workflow_ref IN (SELECT value FROM json_each(?3)))
+       AND (?4 = 1 OR r.parent_run_id IS NULL)
+     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id DESC LIMIT ?8"
+    ),
+    concat!(
+        run_select!(),
+        "WHERE r.status = CAST(?9 AS TEXT)
+       AND (r.updated_at, r.created_at, r.run_id COLLATE \"C\")
+             < (CAST(?5 AS BIGINT), CAST(?6 AS BIGINT), CAST(?7 AS TEXT) COLLATE \"C\")
+       AND (CAST(?1 AS BIGINT) = 1 OR r.scope_key IS NOT DISTINCT FROM CAST(?2 AS TEXT))
+       AND (CAST(?3 AS TEXT) IS NULL
+            OR r.workflow_ref IN (SELECT jsonb_array_elements_text(CAST(?3 AS TEXT)::jsonb)))
+       AND (CAST(?4 AS BIGINT) = 1 OR r.parent_run_id IS NULL)
+     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id COLLATE \"C\" DESC
+     LIMIT CAST(?8 AS BIGINT)"
     ),
 );
 /// ?3 = 0: in this scope; ?3 = 1: in any other scope or none. Two separate questions, so a
@@ -349,13 +383,33 @@ pub const LIST_ATTEMPTS_SQL: Sql = Sql::same(
     holder, lease_generation, reclaims, result, tokens, failure_reason, started_at, finished_at
     FROM attempts WHERE run_id = ?1 AND unit_id = ?2 ORDER BY attempt",
 );
-/// ?2 NULL = every step.
-pub const LIST_UNITS_SQL: Sql = Sql::same(
+/// A page of a run's units in order of first reservation: ?1 the run, (?2 `first_started_at`,
+/// ?3 `unit_id`) the last unit of the page before (the first page passes a position below every
+/// unit), ?4 a step and ?5 a status (NULL = any), ?6 the page size. The cursor is a row value on
+/// the order's own columns, a range of `units_first_started`, so page N costs what page 1
+/// does; the step and status filters are checked on the units walked. PostgreSQL compares unit
+/// ids bytewise (`"C"`), as its index and SQLite do.
+pub const LIST_UNITS_SQL: Sql = Sql::split(
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder FROM units
-    WHERE run_id = ?1 AND (CAST(?2 AS TEXT) IS NULL OR step_id = ?2)
-    ORDER BY first_started_at, unit_id",
+    WHERE run_id = ?1 AND (first_started_at, unit_id) > (?2, ?3)
+      AND (?4 IS NULL OR step_id = ?4) AND (?5 IS NULL OR status = ?5)
+    ORDER BY first_started_at, unit_id LIMIT ?6",
+    "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder FROM units
+    WHERE run_id = ?1 AND (first_started_at, unit_id COLLATE \"C\")
+          > (CAST(?2 AS BIGINT), CAST(?3 AS TEXT) COLLATE \"C\")
+      AND (CAST(?4 AS TEXT) IS NULL OR step_id = ?4)
+      AND (CAST(?5 AS TEXT) IS NULL OR status = ?5)
+    ORDER BY first_started_at, unit_id COLLATE \"C\" LIMIT CAST(?6 AS BIGINT)",
 );
+/// Where a unit is in its run's unit order (its `first_started_at`): the cursor of `units`.
+pub const UNIT_PLACE_SQL: Sql =
+    Sql::same("SELECT first_started_at FROM units WHERE run_id = ?1 AND unit_id = ?2");
+/// A run's units counted by status in SQL: one range of the units' primary key (the run's own
+/// rows), however many units the run and the ledger hold, and no unit crosses to the caller.
+pub const UNIT_COUNTS_SQL: Sql =
+    Sql::same("SELECT status, count(*) FROM units WHERE run_id = ?1 GROUP BY status");
 pub const GET_UNIT_SQL: Sql = Sql::same(
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder FROM units WHERE run_id = ?1 AND unit_id = ?2",
@@ -410,13 +464,39 @@ pub const RELEASE_SQL: Sql = Sql::same(
     WHERE resource_id = ?1 AND generation = ?2 AND token_hash = ?3 AND expires_at > ?4",
 );
 /// `expires_at <= ?1` implies `expires_at IS NOT NULL`, so the partial `leases_expires` index
-/// serves it.
-pub const EXPIRED_LEASES_SQL: Sql = Sql::same(
+/// serves it; ?2 = 1 keeps only leases of `active` runs (what `fencepost doctor` reports).
+pub const EXPIRED_LEASES_SQL: Sql = Sql::split(
     "SELECT l.resource_id, l.generation, l.owner_id,
     l.owner_type, l.expires_at, l.heartbeat_at
     FROM leases l JOIN runs r ON r.run_id = l.resource_id
     WHERE l.expires_at <= ?1 AND r.status NOT IN ('completed', 'failed', 'cancelled')
+      AND (?2 = 0 OR r.status = 'active')
     ORDER BY l.expires_at, l.resource_id",
+    "SELECT l.resource_id, l.generation, l.owner_id,
+    l.owner_type, l.expires_at, l.heartbeat_at
+    FROM leases l JOIN runs r ON r.run_id = l.resource_id
+    WHERE l.expires_at <= ?1 AND r.status NOT IN ('completed', 'failed', 'cancelled')
+      AND (CAST(?2 AS BIGINT) = 0 OR r.status = 'active')
+    ORDER BY l.expires_at, l.resource_id",
+);
+/// Every run's lease in one statement, runs newest first (`list_runs`' order): a run never
+/// claimed has no lease row yet and reads as generation 0 without an owner, as `lease` says.
+pub const LEASES_SQL: Sql = Sql::split(
+    "SELECT r.run_id, coalesce(l.generation, 0), l.owner_id, l.owner_type, l.expires_at,
+    l.heartbeat_at
+    FROM runs r LEFT JOIN leases l ON l.resource_id = r.run_id
+    ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id DESC",
+    "SELECT r.run_id, coalesce(l.generation, 0), l.owner_id, l.owner_type, l.expires_at,
+    l.heartbeat_at
+    FROM runs r LEFT JOIN leases l ON l.resource_id = r.run_id
+    ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id COLLATE \"C\" DESC",
+);
+/// The leases that have an owner now, soonest to expire first: the owner columns are set and
+/// cleared together, so these are exactly the rows of the partial `leases_expires` index, and
+/// the read costs what the live owners do, not what the ledger's history does.
+pub const OWNED_LEASES_SQL: Sql = Sql::same(
+    "SELECT resource_id, generation, owner_id, owner_type, expires_at, heartbeat_at
+    FROM leases WHERE expires_at IS NOT NULL ORDER BY expires_at, resource_id",
 );
 
 // ------------------------------------------------------------------ queue

@@ -16,7 +16,7 @@ use crate::attempts::{FinishSpec, UnitSpec};
 use crate::canonical::Doc;
 use crate::canonical::Json;
 use crate::queue::NewQueuedRun;
-use crate::runs::{ChildRun, NewRun, StepResult, StepSpec};
+use crate::runs::{ChildRun, NewRun, RunCursor, RunFilter, StepResult, StepSpec};
 
 // ------------------------------------------------------------------ runs and steps
 
@@ -46,6 +46,44 @@ static CHILD_RUN_KEYS: Keys = Keys::new(&[
     "plan",
     "run_id",
 ]);
+
+/// The keywords of `list_runs`: the filters, the page size and the cursor (the last run of the
+/// page before, as its three order columns).
+static LIST_RUNS_KEYS: Keys = Keys::new(&[
+    "all_scopes",
+    "scope_key",
+    "workflow_refs",
+    "active_only",
+    "include_children",
+    "statuses",
+    "limit",
+    "after_updated_ms",
+    "after_created_ms",
+    "after_run_id",
+]);
+
+/// `list_runs`' keywords as the core's filter.
+pub fn run_filter(d: &Bound<'_, PyDict>) -> PyResult<RunFilter> {
+    let f = Fields::keywords(d, &LIST_RUNS_KEYS)?;
+    let after = match opt_text(f.get("after_run_id"), "after")? {
+        None => None,
+        Some(run_id) => Some(RunCursor {
+            updated_at: int(f.get("after_updated_ms"), "after")?,
+            created_at: int(f.get("after_created_ms"), "after")?,
+            run_id,
+        }),
+    };
+    Ok(RunFilter {
+        all_scopes: flag(f.get("all_scopes"), "all_scopes")?,
+        scope_key: opt_text(f.get("scope_key"), "scope_key")?,
+        workflow_refs: str_list(f.get("workflow_refs"), "workflow_refs")?,
+        active_only: flag(f.get("active_only"), "active_only")?,
+        include_children: flag(f.get("include_children"), "include_children")?,
+        statuses: str_list(f.get("statuses"), "status")?,
+        limit: opt_int(f.get("limit"), "limit")?,
+        after,
+    })
+}
 
 /// The steps, params and plan a new run (top-level or child) carries, serialized detached.
 struct RunBody {

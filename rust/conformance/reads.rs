@@ -1,0 +1,373 @@
+//! The pages an operator or a dashboard repeats — runs by status, newest first; a run's units in
+//! order; the live leases — read exactly their rows by an index (checked with the backend's
+//! planner, as in `plans`), and paging by cursor returns every row once, in order.
+
+use super::plans::{analyze, many_runs, plan};
+use super::{started, T0};
+use crate::attempts::{self, UnitFilter};
+use crate::errors::LedgerError;
+use crate::leases;
+use crate::params;
+use crate::runs::{self, RunCursor, RunFilter};
+use crate::status::{RunStatus, UnitStatus};
+use crate::store::{sql, Sql, Store};
+
+conformance!(
+    run_pages_are_read_by_index,
+    run_pages_follow_the_cursor,
+    unit_pages_are_read_by_index,
+    unit_pages_follow_the_cursor,
+    live_leases_are_read_by_index
+);
+
+/// `p0` and 3 000 more runs (see [`many_runs`]).
+fn fill_runs(store: &mut dyn Store) {
+    started(store, "p0");
+    many_runs(store);
+}
+
+fn run_pages_are_read_by_index(store: &mut dyn Store) {
+    fill_runs(store);
+    let refs: Option<String> = None;
+    let none: Option<String> = None;
+    let cursor = (200_i64, 1400_i64, "m1400");
+    let all = plan(
+        store,
+        &sql::LIST_RUNS_SQL,
+        params![1_i64, none, refs, 1_i64, cursor.0, cursor.1, cursor.2, 50_i64],
+    );
+    assert!(all.contains("runs_recent"), "a page by runs_recent:\n{all}");
+    let one = plan(
+        store,
+        &sql::LIST_RUNS_OF_STATUS_SQL,
+        params![1_i64, none, refs, 0_i64, cursor.0, cursor.1, cursor.2, 50_i64, "failed"],
+    );
+    assert!(
+        one.contains("runs_status_recent"),
+        "a status's page by runs_status_recent:\n{one}"
+    );
+    for p in [&all, &one] {
+        // No scan of the runs. SQLite walks the index in page order from the cursor, with no
+        // sort; PostgreSQL may instead fetch a rare status's few rows by the same index and
+        // sort them, which its costs prefer only when they are few.
+        assert!(
+            !p.contains("SCAN r") && !p.contains("Seq Scan on runs"),
+            "no scan of the runs:\n{p}"
+        );
+        assert!(
+            !p.contains("TEMP B-TREE"),
+            "the page comes in index order, unsorted:\n{p}"
+        );
+    }
+}
+
+/// Every page of `filter`, following the cursor, concatenated.
+fn all_pages(store: &mut dyn Store, filter: &RunFilter, size: i64) -> Vec<String> {
+    let mut filter = RunFilter {
+        limit: Some(size),
+        ..filter.clone()
+    };
+    let mut ids = Vec::new();
+    loop {
+        let page = runs::list_runs(store, &filter).expect("page");
+        assert!(page.len() <= usize::try_from(size).unwrap());
+        let Some(last) = page.last() else { break };
+        filter.after = Some(RunCursor {
+            updated_at: last.updated_at,
+            created_at: last.created_at,
+            run_id: last.run_id.clone(),
+        });
+        ids.extend(page.into_iter().map(|r| r.run_id));
+    }
+    ids
+}
+
+fn run_pages_follow_the_cursor(store: &mut dyn Store) {
+    fill_runs(store);
+    let every = RunFilter {
+        all_scopes: true,
+        include_children: true,
+        ..RunFilter::default()
+    };
+    let everything = runs::list_runs(store, &every).expect("all runs");
+    assert_eq!(everything.len(), 3001);
+    // Newest first, run ids bytewise among runs updated and created together.
+    assert!(everything.windows(2).all(|w| {
+        (w[0].updated_at, w[0].created_at, w[0].run_id.as_bytes())
+            > (w[1].updated_at, w[1].created_at, w[1].run_id.as_bytes())
+    }));
+    let ids = |runs: &[crate::model::Run], keep: &dyn Fn(&crate::model::Run) -> bool| {
+        runs.iter()
+            .filter(|r| keep(r))
+            .map(|r| r.run_id.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(all_pages(store, &every, 97), ids(&everything, &|_| true));
+    // Several statuses: one range each, merged into one order, paged across the seams.
+    let ended = RunFilter {
+        statuses: Some(vec!["failed".into(), "completed".into(), "failed".into()]),
+        ..every.clone()
+    };
+    assert_eq!(
+        all_pages(store, &ended, 13),
+        ids(&everything, &|r| r.status == RunStatus::Failed
+            || r.status == RunStatus::Completed)
+    );
+    // Top-level failed runs only: the filters hold on the walked rows.
+    let failed = RunFilter {
+        statuses: Some(vec!["failed".into()]),
+        ..RunFilter::default()
+    };
+    let all_scopes = RunFilter {
+        all_scopes: true,
+        ..failed
+    };
+    assert_eq!(
+        all_pages(store, &all_scopes, 4),
+        ids(&everything, &|r| r.status == RunStatus::Failed
+            && r.parent_run_id.is_none())
+    );
+    // active_only with statuses: both must hold.
+    let neither = RunFilter {
+        active_only: true,
+        statuses: Some(vec!["completed".into()]),
+        ..every.clone()
+    };
+    assert!(runs::list_runs(store, &neither).expect("none").is_empty());
+    let active = RunFilter {
+        active_only: true,
+        limit: Some(5),
+        ..every.clone()
+    };
+    let page = runs::list_runs(store, &active).expect("active");
+    assert_eq!(page.len(), 5);
+    assert!(page.iter().all(|r| r.status == RunStatus::Active));
+    for (filter, argument) in [
+        (
+            RunFilter {
+                statuses: Some(vec!["done".into()]),
+                ..every.clone()
+            },
+            "status",
+        ),
+        (
+            RunFilter {
+                limit: Some(0),
+                ..every.clone()
+            },
+            "limit",
+        ),
+        (
+            RunFilter {
+                limit: Some(10_001),
+                ..every
+            },
+            "limit",
+        ),
+    ] {
+        match runs::list_runs(store, &filter) {
+            Err(LedgerError::InvalidArgument { argument: a, .. }) => assert_eq!(a, argument),
+            other => panic!("expected InvalidArgument({argument}), got {other:?}"),
+        }
+    }
+}
+
+const UNITS: i64 = 500;
+
+/// 12 runs of `UNITS` units each, made by SQL: first reserved in pairs (ties broken by the unit
+/// id), one in five failed. Then `ANALYZE`.
+fn fill_units(store: &mut dyn Store) {
+    for r in 0..12 {
+        started(store, &format!("u{r}"));
+    }
+    let many = Sql::same(
+        "INSERT INTO units (run_id, unit_id, phase, status, attempts, first_started_at,
+            started_at)
+        WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 5999)
+        SELECT 'u' || CAST(i % 12 AS TEXT), 'x' || CAST(i AS TEXT), 'unit',
+            CASE WHEN i % 5 = 0 THEN 'failed' ELSE 'completed' END, 1, i / 24, i / 24
+        FROM n",
+    );
+    store
+        .write("filling units", |tx| tx.exec(&many, params![]).map(|_| ()))
+        .expect("fill units");
+    analyze(store);
+}
+
+fn unit_pages_are_read_by_index(store: &mut dyn Store) {
+    fill_units(store);
+    let none: Option<String> = None;
+    let page = plan(
+        store,
+        &sql::LIST_UNITS_SQL,
+        params!["u3", 40_i64, "x963", none, none, 100_i64],
+    );
+    assert!(
+        page.contains("units_first_started"),
+        "a run's units by units_first_started:\n{page}"
+    );
+    assert!(
+        !page.contains("TEMP B-TREE"),
+        "the page comes in index order, unsorted:\n{page}"
+    );
+    let counts = plan(store, &sql::UNIT_COUNTS_SQL, params!["u3"]);
+    for p in [&page, &counts] {
+        assert!(
+            !p.contains("SCAN units") && !p.contains("Seq Scan on units"),
+            "only the run's own units are read:\n{p}"
+        );
+    }
+}
+
+fn unit_pages_follow_the_cursor(store: &mut dyn Store) {
+    fill_units(store);
+    let everything = attempts::units(store, &UnitFilter::of("u3")).expect("units");
+    assert_eq!(everything.len(), usize::try_from(UNITS).unwrap());
+    let mut seen = Vec::new();
+    let mut filter = UnitFilter {
+        limit: Some(7),
+        ..UnitFilter::of("u3")
+    };
+    loop {
+        let page = attempts::units(store, &filter).expect("page");
+        let Some(last) = page.last() else { break };
+        filter.after = Some(last.unit_id.clone());
+        seen.extend(page.into_iter().map(|u| u.unit_id));
+    }
+    let want: Vec<_> = everything.iter().map(|u| u.unit_id.clone()).collect();
+    assert_eq!(seen, want);
+    // A status filter keeps the order and the cursor.
+    let failed = UnitFilter {
+        status: Some("failed".into()),
+        after: Some(want[10].clone()),
+        ..UnitFilter::of("u3")
+    };
+    let got: Vec<_> = attempts::units(store, &failed)
+        .expect("failed")
+        .into_iter()
+        .map(|u| u.unit_id)
+        .collect();
+    let expect: Vec<_> = everything[11..]
+        .iter()
+        .filter(|u| u.status == UnitStatus::Failed)
+        .map(|u| u.unit_id.clone())
+        .collect();
+    assert_eq!(got, expect);
+    // The counts, by the database, agree with the units.
+    let counts = attempts::unit_counts(store, "u3").expect("counts");
+    let failed_n = everything
+        .iter()
+        .filter(|u| u.status == UnitStatus::Failed)
+        .count();
+    assert_eq!(
+        counts,
+        vec![
+            (
+                UnitStatus::Completed,
+                i64::try_from(500 - failed_n).unwrap()
+            ),
+            (UnitStatus::Failed, i64::try_from(failed_n).unwrap()),
+        ]
+    );
+    match attempts::unit_counts(store, "nope") {
+        Err(LedgerError::RunNotFound { .. }) => {}
+        other => panic!("expected RunNotFound, got {other:?}"),
+    }
+    let refused = [
+        (
+            UnitFilter {
+                after: Some("x4".into()),
+                ..UnitFilter::of("u3")
+            },
+            "after",
+        ),
+        (
+            UnitFilter {
+                status: Some("done".into()),
+                ..UnitFilter::of("u3")
+            },
+            "status",
+        ),
+        (
+            UnitFilter {
+                limit: Some(0),
+                ..UnitFilter::of("u3")
+            },
+            "limit",
+        ),
+    ];
+    for (filter, argument) in refused {
+        match attempts::units(store, &filter) {
+            Err(LedgerError::InvalidArgument { argument: a, .. }) => assert_eq!(a, argument),
+            other => panic!("expected InvalidArgument({argument}), got {other:?}"),
+        }
+    }
+}
+
+fn live_leases_are_read_by_index(store: &mut dyn Store) {
+    fill_runs(store);
+    let owners = Sql::same(
+        "INSERT INTO leases (resource_id, generation, owner_type, owner_id, token_hash,
+            acquired_at, heartbeat_at, expires_at)
+        SELECT run_id, 1,
+            CASE WHEN updated_at % 20 = 0 THEN 'host' END,
+            CASE WHEN updated_at % 20 = 0 THEN 'h' END,
+            CASE WHEN updated_at % 20 = 0 THEN 't' END,
+            CASE WHEN updated_at % 20 = 0 THEN updated_at END,
+            CASE WHEN updated_at % 20 = 0 THEN updated_at END,
+            CASE WHEN updated_at % 20 = 0 THEN updated_at + 1000 END
+        FROM runs WHERE run_id <> 'p0'",
+    );
+    store
+        .write("leasing", |tx| tx.exec(&owners, params![]).map(|_| ()))
+        .expect("leases");
+    analyze(store);
+    let owned = plan(store, &sql::OWNED_LEASES_SQL, params![]);
+    assert!(
+        owned.contains("leases_expires") && !owned.contains("Seq Scan on leases"),
+        "the owned leases by the partial leases_expires index:\n{owned}"
+    );
+    let expired = plan(store, &sql::EXPIRED_LEASES_SQL, params![T0, 1_i64]);
+    assert!(
+        expired.contains("leases_expires") && !expired.contains("Seq Scan on leases"),
+        "expired leases by leases_expires:\n{expired}"
+    );
+    // Every run's lease in one read, in list_runs' order; p0 was never claimed.
+    let all = leases::leases(store, false).expect("all");
+    let every = RunFilter {
+        all_scopes: true,
+        include_children: true,
+        ..RunFilter::default()
+    };
+    let everything = runs::list_runs(store, &every).expect("runs");
+    let order: Vec<_> = all.iter().map(|l| l.run_id.as_str()).collect();
+    let want: Vec<_> = everything.iter().map(|r| r.run_id.as_str()).collect();
+    assert_eq!(order, want);
+    let never = all.iter().find(|l| l.run_id == "p0").expect("p0");
+    assert_eq!((never.generation, never.owner_id.as_deref()), (0, None));
+    // The owned ones, soonest to expire first.
+    let live = leases::leases(store, true).expect("owned");
+    let mut owned: Vec<_> = all
+        .iter()
+        .filter(|l| l.owner_id.is_some())
+        .cloned()
+        .collect();
+    owned.sort_by(|a, b| (a.expires_at, &a.run_id).cmp(&(b.expires_at, &b.run_id)));
+    assert!(!live.is_empty());
+    assert_eq!(live, owned);
+    // Expired on active runs: the owned ones whose run is active (some are not).
+    let active: Vec<_> = owned
+        .iter()
+        .filter(|l| {
+            everything
+                .iter()
+                .any(|r| r.run_id == l.run_id && r.status == RunStatus::Active)
+        })
+        .cloned()
+        .collect();
+    assert!(active.len() < owned.len());
+    assert_eq!(
+        leases::expired_leases(store, T0, true).expect("expired"),
+        active
+    );
+}

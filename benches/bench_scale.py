@@ -7,9 +7,9 @@ Each ledger holds: one run with half of the attempts as units (the run summary c
 of 1 000 attempts each for the rest, three in four of them finished 40 days ago (what a prune
 removes) and the others live. What is timed: an empty poll of a finished run's events, the
 first page of a live run's events, a rare-type filter over the whole log, a status-filtered
-page of runs, the big run's unit summary, every run's lease, a batch of 1 000 reserves and
-finishes on a fresh run, and the prune of the old runs (attempts removed per second, the
-longest transaction, the file before and after).
+page of runs, the big run's unit summary, a page of its units from the middle, every run's
+lease, a batch of 1 000 reserves and finishes on a fresh run, and the prune of the old runs
+(attempts removed per second, the longest transaction, the file before and after).
 """
 
 from __future__ import annotations
@@ -149,6 +149,15 @@ def bench_scale_run_summary(benchmark: Any, built: Built, ledger: fp.Ledger) -> 
     counts = benchmark(ledger.unit_counts, built.big_run)
     assert sum(counts.values()) == built.attempts - (built.attempts // 2 // PER_RUN) * PER_RUN
     benchmark.extra_info["units"] = sum(counts.values())
+
+
+def bench_scale_units_page(benchmark: Any, built: Built, ledger: fp.Ledger) -> None:
+    label(benchmark, "scale: a page of the big run's units", _size_name(built.attempts), 1)
+    # From the middle of the run: a cursor's page costs what the first one does.
+    middle = f"u{(built.attempts // 4):07d}"
+    page = benchmark(ledger.units, built.big_run, limit=100, after=middle)
+    assert len(page) == 100
+    assert page[0].unit_id > middle
 
 
 def bench_scale_leases(benchmark: Any, built: Built, ledger: fp.Ledger) -> None:

@@ -143,7 +143,8 @@ def test_unit_pages_and_counts(ledger: fp.Ledger, clock: FakeClock) -> None:
     assert list(counts) == list(fp._core.UNIT_STATUSES)
     statuses = [u.status for u in now]
     assert counts == {s: statuses.count(s) for s in fp._core.UNIT_STATUSES}
-    assert counts["running"] == 11 and counts["pending"] == 0
+    assert counts["running"] == 11
+    assert counts["pending"] == 0
     with pytest.raises(fp.RunNotFound):
         ledger.unit_counts("nope")
     for kwargs, argument in [

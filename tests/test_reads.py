@@ -43,9 +43,7 @@ def _pages(ledger: fp.Ledger, size: int, **filters: object) -> list[fp.Run]:
         after = page[-1]
 
 
-def test_run_pages_return_every_run_once_newest_first(
-    ledger: fp.Ledger, clock: FakeClock
-) -> None:
+def test_run_pages_return_every_run_once_newest_first(ledger: fp.Ledger, clock: FakeClock) -> None:
     _runs(ledger, clock, 40)
     everything = ledger.list_runs()
     assert len(everything) == 40

@@ -177,27 +177,18 @@ pub const RESOLVE_RUN_ID_SQL: Sql = Sql::split(
      ORDER BY run_id COLLATE \"C\" LIMIT 100",
 );
 
-/// Runs newest first, one page: ?1 all scopes, ?2 the scope (`IS` matches NULL too), ?3 the
-/// refs (NULL = any), ?4 include children, then the cursor, the last run of the page before
-/// (?5 `updated_at`, ?6 `created_at`, ?7 `run_id`; the first page passes a position above
-/// every run)
-/// and ?8 the page size. The cursor is a row value compared with the order's own columns, so
-/// the walk starts at the cursor's place in `runs_recent` instead of skipping every run of the
-/// pages before; a catch-all "no cursor" branch would hide that range from the planner. The
-/// filters are checked on the rows walked. PostgreSQL compares run ids bytewise (`"C"`) as the
-/// index and SQLite do.
-pub const LIST_RUNS_SQL: Sql = Sql::split(
-    concat!(
-        run_select!(),
-        "WHERE (r.updated_at, r.created_at, r.run_id) < (?5, ?6, ?7)
+/// The page of `list_runs` after the status test (see [`LIST_RUNS_SQL`]): the cursor, the
+/// filters, the order and the page size, once per dialect.
+macro_rules! run_page {
+    (sqlite) => {
+        "(r.updated_at, r.created_at, r.run_id) < (?5, ?6, ?7)
        AND (?1 = 1 OR r.scope_key IS ?2)
        AND (?3 IS NULL OR r.workflow_ref IN (SELECT value FROM json_each(?3)))
        AND (?4 = 1 OR r.parent_run_id IS NULL)
      ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id DESC LIMIT ?8"
-    ),
-    concat!(
-        run_select!(),
-        "WHERE (r.updated_at, r.created_at, r.run_id COLLATE \"C\")
+    };
+    (postgres) => {
+        "(r.updated_at, r.created_at, r.run_id COLLATE \"C\")
              < (CAST(?5 AS BIGINT), CAST(?6 AS BIGINT), CAST(?7 AS TEXT) COLLATE \"C\")
        AND (CAST(?1 AS BIGINT) = 1 OR r.scope_key IS NOT DISTINCT FROM CAST(?2 AS TEXT))
        AND (CAST(?3 AS TEXT) IS NULL
@@ -205,31 +196,30 @@ pub const LIST_RUNS_SQL: Sql = Sql::split(
        AND (CAST(?4 AS BIGINT) = 1 OR r.parent_run_id IS NULL)
      ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id COLLATE \"C\" DESC
      LIMIT CAST(?8 AS BIGINT)"
-    ),
+    };
+}
+
+/// Runs newest first, one page: ?1 all scopes, ?2 the scope (`IS` matches NULL too), ?3 the
+/// refs (NULL = any), ?4 include children, then the cursor, the last run of the page before
+/// (?5 `updated_at`, ?6 `created_at`, ?7 `run_id`; the first page passes a position above
+/// every run) and ?8 the page size. The cursor is a row value compared with the order's own
+/// columns, so the walk starts at the cursor's place in `runs_recent` instead of skipping
+/// every run of the pages before; a catch-all "no cursor" branch would hide that range from
+/// the planner. The filters are checked on the rows walked. PostgreSQL compares run ids
+/// bytewise (`"C"`) as the index and SQLite do.
+pub const LIST_RUNS_SQL: Sql = Sql::split(
+    concat!(run_select!(), "WHERE ", run_page!(sqlite)),
+    concat!(run_select!(), "WHERE ", run_page!(postgres)),
 );
 /// [`LIST_RUNS_SQL`] for runs of one status (?9): a range of `runs_status_recent`, already in
 /// page order, so a status rare among millions of runs is found without walking the others.
 /// Several statuses are one of these each, merged by the caller.
 pub const LIST_RUNS_OF_STATUS_SQL: Sql = Sql::split(
+    concat!(run_select!(), "WHERE r.status = ?9 AND ", run_page!(sqlite)),
     concat!(
         run_select!(),
-        "WHERE r.status = ?9 AND (r.updated_at, r.created_at, r.run_id) < (?5, ?6, ?7)
-       AND (?1 = 1 OR r.scope_key IS ?2)
-       AND (?3 IS NULL OR r.workflow_ref IN (SELECT value FROM json_each(?3)))
-       AND (?4 = 1 OR r.parent_run_id IS NULL)
-     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id DESC LIMIT ?8"
-    ),
-    concat!(
-        run_select!(),
-        "WHERE r.status = CAST(?9 AS TEXT)
-       AND (r.updated_at, r.created_at, r.run_id COLLATE \"C\")
-             < (CAST(?5 AS BIGINT), CAST(?6 AS BIGINT), CAST(?7 AS TEXT) COLLATE \"C\")
-       AND (CAST(?1 AS BIGINT) = 1 OR r.scope_key IS NOT DISTINCT FROM CAST(?2 AS TEXT))
-       AND (CAST(?3 AS TEXT) IS NULL
-            OR r.workflow_ref IN (SELECT jsonb_array_elements_text(CAST(?3 AS TEXT)::jsonb)))
-       AND (CAST(?4 AS BIGINT) = 1 OR r.parent_run_id IS NULL)
-     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id COLLATE \"C\" DESC
-     LIMIT CAST(?8 AS BIGINT)"
+        "WHERE r.status = CAST(?9 AS TEXT) AND ",
+        run_page!(postgres)
     ),
 );
 /// ?3 = 0: in this scope; ?3 = 1: in any other scope or none. Two separate questions, so a

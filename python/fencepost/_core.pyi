@@ -58,6 +58,7 @@ class _PruneTotals(TypedDict):
     blobs: int
     archived_bytes: int
     dry_run: bool
+    reclaimed_bytes: int
     transactions: int
     longest_transaction_ms: float
 

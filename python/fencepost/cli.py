@@ -259,7 +259,10 @@ def cmd_prune(args: argparse.Namespace, out: TextIO) -> int:
     on_batch = (
         None
         if show is None
-        else lambda r: show(f"{r.runs} runs, {r.attempts} attempts, {r.events} events")
+        else lambda r: show(
+            f"{r.runs} runs, {r.attempts} attempts, {r.events} events"
+            + (f", {r.reclaimed_bytes >> 20} MiB given back" if r.reclaimed_bytes else "")
+        )
     )
     with open_existing(args.db) as ledger:
         report = ledger.prune(
@@ -279,6 +282,7 @@ def cmd_prune(args: argparse.Namespace, out: TextIO) -> int:
         ("dry run" if report.dry_run else "pruned", f"{report.runs} runs"),
         ("attempts", str(report.attempts)), ("events", str(report.events)),
         ("blobs", str(report.blobs)),
+        ("file", f"{report.reclaimed_bytes} bytes given back"),
         *([("archive", f"{args.archive} ({report.archived_bytes} bytes)")] if args.archive else []),
         ("transactions", f"{report.transactions}, longest {report.longest_transaction_ms:.1f} ms"),
     ]  # fmt: skip

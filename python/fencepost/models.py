@@ -274,8 +274,11 @@ class PruneReport:
     ``runs`` counts children too; ``blobs`` counts the blobs no remaining run or definition
     referred to (a dry run counts them batch by batch, so a blob shared by runs of two batches
     is not counted there). ``archived_bytes`` is what the archive received (on a dry run with an
-    archive: what it would receive). ``transactions`` and ``longest_transaction_ms`` say how the
-    work was split: each batch of whole trees is one transaction, sized to stay short."""
+    archive: what it would receive). ``reclaimed_bytes`` is what a SQLite file with incremental
+    auto-vacuum gave back to the file system afterwards (0 on PostgreSQL, on a dry run and on
+    an older file; see ``Ledger.vacuum``). ``transactions`` and ``longest_transaction_ms`` say
+    how the work was split: each batch of whole trees, and each step of giving pages back, is
+    one transaction, sized to stay short."""
 
     runs: int
     attempts: int
@@ -283,5 +286,6 @@ class PruneReport:
     blobs: int
     archived_bytes: int
     dry_run: bool
+    reclaimed_bytes: int = 0
     transactions: int = 0
     longest_transaction_ms: float = 0.0

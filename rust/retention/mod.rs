@@ -37,9 +37,29 @@ use archive::{Cell, Table, Tree, BLOBS, DEFINITIONS, RUN_BLOB_COLUMNS, RUN_TABLE
 /// The time a prune transaction aims for, in milliseconds.
 pub const TARGET_MS: u128 = 40;
 
-/// Trees in the first batch, and the most in one.
-const FIRST_BATCH: i64 = 16;
+/// Trees in the first batch, and the most in one. The first is one tree: on a cold cache a
+/// tree of a thousand attempts takes tens of milliseconds, and the size doubles per quick
+/// batch from there.
+const FIRST_BATCH: i64 = 1;
 const MAX_BATCH: i64 = 4096;
+/// The time a reclaim transaction aims for. Lower than a batch's: moving pages fills the
+/// write-ahead log quickly, and every few transactions one also pays for the checkpoint that
+/// starts the log over (about 50 ms at a million attempts), so the typical one stays short
+/// enough that those stay under 100 ms.
+pub const RECLAIM_TARGET_MS: u128 = 20;
+/// Free pages given back in the first reclaim transaction, and the most in one.
+const FIRST_RECLAIM: i64 = 256;
+const MAX_RECLAIM: i64 = 1 << 16;
+
+/// The size of the next transaction's work after one of `size` took `took`: scaled toward
+/// `target_ms`, at most doubled or halved at a time (one slow outlier, a checkpoint or a
+/// cold page, does not collapse it), never below 1 nor above `max`.
+fn resize(size: i64, took: std::time::Duration, target_ms: u128, max: i64) -> i64 {
+    let took_us = i64::try_from(took.as_micros()).unwrap_or(i64::MAX).max(1);
+    let aim_us = i64::try_from(target_ms * 1000).unwrap_or(i64::MAX);
+    let aimed = size.saturating_mul(aim_us) / took_us;
+    aimed.clamp(size / 2, size.saturating_mul(2)).clamp(1, max)
+}
 
 /// What a prune is asked to do, checked.
 #[derive(Debug, Clone)]
@@ -127,10 +147,22 @@ pub struct PruneReport {
     pub archived_bytes: u64,
     /// Whether nothing was changed.
     pub dry_run: bool,
-    /// Transactions that removed something.
+    /// Bytes of freed pages given back to the file system (SQLite files with incremental
+    /// auto-vacuum; 0 elsewhere and on a dry run).
+    pub reclaimed_bytes: u64,
+    /// Transactions that removed something or gave pages back.
     pub transactions: u64,
-    /// The longest of them, in microseconds, from `BEGIN` to `COMMIT`.
+    /// The longest of them, in microseconds, from `BEGIN` to `COMMIT` (and the checkpoint a
+    /// large commit runs before it returns).
     pub longest_transaction_us: u64,
+}
+
+impl PruneReport {
+    fn count_transaction(&mut self, took: std::time::Duration) {
+        self.transactions += 1;
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.longest_transaction_us = self.longest_transaction_us.max(us);
+    }
 }
 
 /// Where archive lines go: written and flushed before the call returns.
@@ -144,6 +176,8 @@ pub struct Pruner {
     /// so a tree that cannot go yet is not looked at again.
     after: (i64, String),
     batch: i64,
+    /// Free pages the next reclaim transaction gives back.
+    reclaim: i64,
     report: PruneReport,
     trees: u64,
     /// Trees whose lines are in the archive, so a transaction run again after contention does
@@ -174,6 +208,7 @@ impl Pruner {
             spec,
             after: (i64::MIN, String::new()),
             batch: FIRST_BATCH,
+            reclaim: FIRST_RECLAIM,
             report: PruneReport {
                 dry_run,
                 ..PruneReport::default()
@@ -237,18 +272,31 @@ impl Pruner {
         r.archived_bytes += out.archived_bytes;
         self.trees += out.trees;
         if out.runs > 0 {
-            r.transactions += 1;
-            let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-            r.longest_transaction_us = r.longest_transaction_us.max(us);
+            r.count_transaction(took);
         }
-        // Aim the next batch at the target time.
-        let ms = took.as_millis();
-        if ms < TARGET_MS / 2 {
-            self.batch = (self.batch * 2).min(MAX_BATCH);
-        } else if ms > TARGET_MS {
-            self.batch = (self.batch / 2).max(1);
-        }
+        self.batch = resize(self.batch, took, TARGET_MS, MAX_BATCH);
         Ok(out.looked && self.spec.limit.is_none_or(|l| self.trees < l))
+    }
+
+    /// Give one transaction's worth of the freed pages back to the file system (see
+    /// [`Store::reclaim`]); `false` when none are left to give, or the store keeps them (a
+    /// SQLite file without incremental auto-vacuum, PostgreSQL) or this is a dry run. Sized by
+    /// time like the batches, so a writer waits at most about [`TARGET_MS`] behind it.
+    pub fn reclaim_step(&mut self, store: &mut dyn Store) -> Result<bool> {
+        if self.spec.dry_run || self.report.runs == 0 {
+            return Ok(false);
+        }
+        let started = Instant::now();
+        let pages = u32::try_from(self.reclaim).unwrap_or(u32::MAX);
+        let freed = store.reclaim(pages)?;
+        if freed == 0 {
+            return Ok(false);
+        }
+        let took = started.elapsed();
+        self.report.reclaimed_bytes += freed;
+        self.report.count_transaction(took);
+        self.reclaim = resize(self.reclaim, took, RECLAIM_TARGET_MS, MAX_RECLAIM);
+        Ok(true)
     }
 
     /// Close the archive: the trailer that marks it complete.

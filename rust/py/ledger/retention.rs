@@ -15,10 +15,6 @@ use crate::errors::LedgerError;
 use crate::py::errors::to_pyerr;
 use crate::retention::{self, PruneReport, PruneSpec, Pruner, Reader};
 
-/// The most free pages one `reclaim` transaction gives back (2 MiB of 1 KiB pages: about
-/// 40 ms of page moves, measured).
-const RECLAIM_PAGES: u32 = 2048;
-
 /// Trees whose rows reach this many go to the database in one restore transaction.
 const RESTORE_ROWS: usize = 20_000;
 
@@ -39,6 +35,7 @@ pub(super) fn report<'py>(py: Python<'py>, r: &PruneReport) -> PyResult<Bound<'p
     d.set_item("blobs", r.blobs)?;
     d.set_item("archived_bytes", r.archived_bytes)?;
     d.set_item("dry_run", r.dry_run)?;
+    d.set_item("reclaimed_bytes", r.reclaimed_bytes)?;
     d.set_item("transactions", r.transactions)?;
     d.set_item(
         "longest_transaction_ms",
@@ -124,17 +121,18 @@ impl PyLedger {
             return Err(e);
         }
         close.map_err(|e| to_pyerr(py, e))?;
-        if !dry_run && pruner.report().runs > 0 {
-            // Hand the freed pages back, a short transaction at a time.
-            loop {
-                let freed = py
-                    .detach(|| self.writer()?.with_store(|s| s.reclaim(RECLAIM_PAGES)))
-                    .map_err(|e| to_pyerr(py, e))?;
-                py.check_signals()?;
-                if freed == 0 {
-                    break;
-                }
+        // Hand the freed pages back, a short transaction at a time, each reported.
+        loop {
+            let more = py
+                .detach(|| self.writer()?.with_store(|s| pruner.reclaim_step(s)))
+                .map_err(|e| to_pyerr(py, e))?;
+            if !more {
+                break;
             }
+            if let Some(progress) = progress {
+                progress.call1((report(py, pruner.report())?,))?;
+            }
+            py.check_signals()?;
         }
         report(py, pruner.report())
     }

@@ -373,9 +373,12 @@ impl Store for SqliteStore {
         if before == 0 {
             return Ok(0);
         }
-        let script = format!("PRAGMA incremental_vacuum({max_pages})");
-        (self as &mut dyn Store)
-            .write(op, |tx| tx.execute_script(&script).map_err(|e| tx.fail(&e)))?;
+        // The pragma frees one page per step (each step answers an empty row), so it is read
+        // to its end; executed as a script it would stop after the first page.
+        let pragma = incremental_vacuum(max_pages);
+        (self as &mut dyn Store).write(op, |tx| {
+            tx.rows(pragma, crate::params![], |_| Ok(())).map(|_| ())
+        })?;
         let after = read(&self.conn, "PRAGMA freelist_count")?;
         Ok(u64::try_from((before - after) * page).unwrap_or(0))
     }
@@ -386,6 +389,21 @@ impl Store for SqliteStore {
             .execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM")
             .map_err(|e| store_error("vacuuming the database", &self.label, &e))
     }
+}
+
+/// `PRAGMA incremental_vacuum(2^k)` for k in 0..=16. The pragma takes no bound parameter, so
+/// each size a reclaim asks for is one of these statements, made once.
+fn incremental_vacuum(max_pages: u32) -> &'static crate::store::Sql {
+    static PRAGMAS: std::sync::OnceLock<Vec<crate::store::Sql>> = std::sync::OnceLock::new();
+    let pragmas = PRAGMAS.get_or_init(|| {
+        (0..=16)
+            .map(|k| {
+                let text = format!("PRAGMA incremental_vacuum({})", 1_u32 << k);
+                crate::store::Sql::same(Box::leak(text.into_boxed_str()))
+            })
+            .collect()
+    });
+    &pragmas[max_pages.max(1).ilog2().min(16) as usize]
 }
 
 /// Why one run of a write transaction failed.

@@ -350,3 +350,47 @@ fn undoing_every_call_commits_nothing() {
         .unwrap()
         .is_empty());
 }
+
+#[test]
+fn reclaim_gives_back_as_many_pages_as_asked_in_one_transaction() {
+    let path = temp_path("reclaim");
+    let mut store = SqliteStore::open(Some(&path), &OpenOptions::default(), 0).unwrap();
+    // About 3 000 pages of blobs, then deleted: free pages in an incremental auto-vacuum file.
+    let fill = Sql::same(
+        "INSERT INTO blobs(digest, bytes, created_at)
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000)
+        SELECT printf('sha256:%064d', i), randomblob(900), 0 FROM n",
+    );
+    let clear = Sql::same("DELETE FROM blobs");
+    for statement in [&fill, &clear] {
+        (&mut store as &mut dyn Store)
+            .write("filling", |tx| tx.exec(statement, params![]).map(|_| ()))
+            .unwrap();
+    }
+    let free = |s: &SqliteStore| -> i64 {
+        s.conn
+            .query_row("PRAGMA freelist_count", [], |r| r.get(0))
+            .unwrap()
+    };
+    let before = free(&store);
+    assert!(before > 2500, "{before} free pages");
+    // Each call is one transaction that frees exactly the pages asked for (the pragma frees
+    // one page per step, so a call that stopped after one step would free one).
+    assert_eq!(store.reclaim(1000).unwrap(), 512 * 1024, "a power of two at most");
+    assert_eq!(free(&store), before - 512);
+    assert_eq!(store.reclaim(1024).unwrap(), 1024 * 1024);
+    let mut total = 0;
+    loop {
+        let freed = store.reclaim(1 << 16).unwrap();
+        if freed == 0 {
+            break;
+        }
+        total += freed;
+    }
+    assert_eq!(free(&store), 0);
+    assert_eq!(
+        i64::try_from(total).unwrap(),
+        (before - 512 - 1024) * 1024,
+        "every free page given back"
+    );
+}

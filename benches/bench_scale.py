@@ -196,7 +196,7 @@ def bench_scale_batch_write(benchmark: Any, built: Built, ledger: fp.Ledger) -> 
         ledger.start_run("bench", scope_key=None, steps=[{"id": "s"}], run_id=run_id, force=True)
         return (run_id,), {}
 
-    benchmark.pedantic(lambda run_id: _fill(ledger, run_id, BATCH), setup=setup, rounds=10)
+    benchmark.pedantic(lambda run_id: _fill(ledger, run_id, BATCH), setup=setup, rounds=30)
 
 
 def bench_scale_prune(benchmark: Any, built: Built, tmp_path: pathlib.Path) -> None:

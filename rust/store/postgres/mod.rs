@@ -25,6 +25,8 @@
 mod errors;
 mod pipeline;
 #[cfg(test)]
+mod plan_tests;
+#[cfg(test)]
 mod savepoint_tests;
 mod sql;
 mod target;
@@ -50,6 +52,9 @@ use tx::{RetryKind, Tx};
 const MAX_BUSY_RETRIES: u32 = 12;
 /// Re-runs after a UNIQUE race; a violation that survives them is not a race.
 const MAX_UNIQUE_RETRIES: u32 = 3;
+/// The session's first `DISCARD PLANS` comes with its 64th transaction; each next one after
+/// twice as many (see [`PgStore::replan_at`]).
+const FIRST_REPLAN: u64 = 64;
 
 /// One PostgreSQL connection with its settings checked and its statements cached.
 ///
@@ -72,6 +77,17 @@ pub struct PgStore {
     /// A call met a dead session: reconnect before the next one, even if the driver has not
     /// noticed the socket closing yet.
     broken: bool,
+    /// Transactions this session has begun.
+    transactions: u64,
+    /// The transaction that begins with `DISCARD PLANS`, doubling each time. A cached plan
+    /// stays as it was made until a table it reads is analyzed: one made while a fresh
+    /// schema's tables were nearly empty, where every plan looks as cheap as any other, keeps
+    /// walking an index that filters (`units_first_started` for a unit's row, in the foreign
+    /// key check of every new attempt too) long after the primary key is the only sane
+    /// choice, and autovacuum may analyze late or never. Discarding the plans at doubling
+    /// intervals has every statement planned again on tables at least half their present
+    /// size, for one extra command in the `BEGIN`'s message, ever rarer.
+    replan_at: u64,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -116,6 +132,8 @@ impl PgStore {
             opts: opts.clone(),
             statements: HashMap::new(),
             broken: false,
+            transactions: 0,
+            replan_at: FIRST_REPLAN,
         };
         store.configure()?;
         let dialect = store.dialect();
@@ -220,6 +238,11 @@ impl PgStore {
         commit: bool,
         body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
     ) -> std::result::Result<(), Failure> {
+        self.transactions += 1;
+        let replan = self.transactions == self.replan_at;
+        if replan {
+            self.replan_at = self.replan_at.saturating_mul(2);
+        }
         let target = &self.target;
         let Some(client) = self.client.as_ref() else {
             return Err(Failure::Fatal(LedgerError::StoreError {
@@ -234,6 +257,7 @@ impl PgStore {
             target,
             op,
             begin,
+            replan,
         );
         let out = body(&tx);
         let out = tx.end(out, commit);

@@ -173,12 +173,23 @@ pub(super) struct Pipeline<'a> {
 
 impl<'a> Pipeline<'a> {
     /// A transaction that begins with `begin`, queued: a body that sends nothing costs no
-    /// round trip at all.
-    pub(super) fn new(runtime: &'a Runtime, client: &'a Client, begin: &'static str) -> Self {
+    /// round trip at all. With `replan`, the same message discards the session's cached plans
+    /// (`DISCARD PLANS`: prepared statements stay, each is planned again at its next use).
+    pub(super) fn new(
+        runtime: &'a Runtime,
+        client: &'a Client,
+        begin: &'static str,
+        replan: bool,
+    ) -> Self {
+        let begin = if replan {
+            Cow::Owned(format!("{begin}; DISCARD PLANS"))
+        } else {
+            Cow::Borrowed(begin)
+        };
         Self {
             runtime,
             client,
-            queued: RefCell::new(vec![Queued::Simple(begin.into())]),
+            queued: RefCell::new(vec![Queued::Simple(begin)]),
             sent: Cell::new(false),
         }
     }

@@ -100,12 +100,20 @@ pub const RUNNING_ATTEMPTS_SQL: &str =
 /// What a group of calls needs to know of each of its runs, in one statement: the run's state
 /// (as `RUN_STATUS_SQL` reads it), and its lease's fence (generation, token hash, expiry, owner). A run
 /// without a row is missing from the answer; a run never claimed has NULL lease columns.
+///
+/// Each id is looked up by its own primary-key probe (`LATERAL`, see [`LATEST_ATTEMPTS_SQL`]):
+/// a plain join of the ids with `runs` and `leases` is planned, on tables not analyzed yet, as
+/// hash joins over sequential scans of both, a cost that grows with every run in the ledger.
 pub const GROUP_RUNS_SQL: &str =
     "SELECT r.run_id, r.status, r.current_step_id, r.scope_key, r.workflow_ref, l.generation,
         l.token_hash, l.expires_at, l.owner_type, l.owner_id
     FROM json_array_elements_text(CAST(?1 AS TEXT)::json) AS x(run_id)
-    JOIN runs r ON r.run_id = x.run_id
-    LEFT JOIN leases l ON l.resource_id = x.run_id";
+    CROSS JOIN LATERAL (
+        SELECT run_id, status, current_step_id, scope_key, workflow_ref FROM runs
+        WHERE run_id = x.run_id OFFSET 0) r
+    LEFT JOIN LATERAL (
+        SELECT generation, token_hash, expires_at, owner_type, owner_id FROM leases
+        WHERE resource_id = x.run_id OFFSET 0) l ON TRUE";
 
 /// The latest attempt of each (run, unit) of a group's reservations, over many runs (see
 /// [`LATEST_ATTEMPTS_SQL`] for why `LATERAL`).
@@ -253,14 +261,25 @@ pub const FINISH_GROUP_SQL: &str = concat!(
 /// run in the group: what one by one leaves). The WHERE repeats the generation and token the
 /// caller already judged, so a row that does not match is missing from the count and the group
 /// is refused. Not the expiry: an earlier heartbeat of the group may be what keeps it live.
+///
+/// The leases are found by a primary-key probe per row (`hl`, as `fa` in [`FINISH_GROUP_SQL`])
+/// and updated by `ctid`: `UPDATE ... FROM` the rows is otherwise planned, on a table not
+/// analyzed yet, as a hash join over a sequential scan of `leases`. The runs' locks are held,
+/// and every writer of a lease holds its run's lock, so the `ctid` stays put.
 pub const HEARTBEAT_GROUP_SQL: &str = concat!(
-    "WITH h AS (
-        UPDATE leases l SET heartbeat_at = x.heartbeat_at, expires_at = x.expires_at
-        FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS x(
+    "WITH x AS (
+        SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
             run_id TEXT, generation BIGINT, token_hash TEXT, heartbeat_at BIGINT,
             expires_at BIGINT)
-        WHERE l.resource_id = x.run_id AND l.generation = x.generation
-          AND l.token_hash = x.token_hash
+    ), hl AS (
+        SELECT x.heartbeat_at, x.expires_at, l.tid FROM x CROSS JOIN LATERAL (
+            SELECT ctid AS tid FROM leases
+            WHERE resource_id = x.run_id AND generation = x.generation
+              AND token_hash = x.token_hash
+            OFFSET 0) l
+    ), h AS (
+        UPDATE leases l SET heartbeat_at = hl.heartbeat_at, expires_at = hl.expires_at
+        FROM hl WHERE l.ctid = hl.tid
         RETURNING 1
     ) ",
     counts_or_fail!("(SELECT count(*) FROM h) = CAST(?2 AS BIGINT)")

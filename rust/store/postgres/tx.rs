@@ -53,7 +53,8 @@ pub(super) struct Tx<'a> {
 }
 
 impl<'a> Tx<'a> {
-    /// A transaction of operation `op` that begins with `begin` (queued, not sent yet).
+    /// A transaction of operation `op` that begins with `begin` (queued, not sent yet), and
+    /// with `replan`, discards the session's cached plans first thing inside it.
     pub(super) fn new(
         runtime: &'a Runtime,
         client: &'a Client,
@@ -61,9 +62,10 @@ impl<'a> Tx<'a> {
         target: &'a Target,
         op: &'a str,
         begin: &'static str,
+        replan: bool,
     ) -> Self {
         Self {
-            pipe: Pipeline::new(runtime, client, begin),
+            pipe: Pipeline::new(runtime, client, begin, replan),
             statements: RefCell::new(statements),
             target,
             op: Cell::new(op),

@@ -378,7 +378,8 @@ pub const LIST_ATTEMPTS_SQL: Sql = Sql::same(
 /// unit), ?4 a step and ?5 a status (NULL = any), ?6 the page size. The cursor is a row value on
 /// the order's own columns, a range of `units_first_started`, so page N costs what page 1
 /// does; the step and status filters are checked on the units walked. PostgreSQL compares unit
-/// ids bytewise (`"C"`), as its index and SQLite do.
+/// ids bytewise (`"C"`), as its index and SQLite do, and names the run under `"C"` as that
+/// index keys it (see the migration: so the index serves only this read).
 pub const LIST_UNITS_SQL: Sql = Sql::split(
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder FROM units
@@ -387,7 +388,8 @@ pub const LIST_UNITS_SQL: Sql = Sql::split(
     ORDER BY first_started_at, unit_id LIMIT ?6",
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder FROM units
-    WHERE run_id = ?1 AND (first_started_at, unit_id COLLATE \"C\")
+    WHERE run_id COLLATE \"C\" = CAST(?1 AS TEXT)
+      AND (first_started_at, unit_id COLLATE \"C\")
           > (CAST(?2 AS BIGINT), CAST(?3 AS TEXT) COLLATE \"C\")
       AND (CAST(?4 AS TEXT) IS NULL OR step_id = ?4)
       AND (CAST(?5 AS TEXT) IS NULL OR status = ?5)

@@ -376,7 +376,11 @@ fn reclaim_gives_back_as_many_pages_as_asked_in_one_transaction() {
     assert!(before > 2500, "{before} free pages");
     // Each call is one transaction that frees exactly the pages asked for (the pragma frees
     // one page per step, so a call that stopped after one step would free one).
-    assert_eq!(store.reclaim(1000).unwrap(), 512 * 1024, "a power of two at most");
+    assert_eq!(
+        store.reclaim(1000).unwrap(),
+        512 * 1024,
+        "a power of two at most"
+    );
     assert_eq!(free(&store), before - 512);
     assert_eq!(store.reclaim(1024).unwrap(), 1024 * 1024);
     let mut total = 0;

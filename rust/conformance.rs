@@ -5,7 +5,7 @@
 
 use crate::attempts::{self, FinishSpec, UnitSpec};
 use crate::canonical::Json;
-use crate::errors::LedgerError;
+use crate::errors::{LedgerError, LostReason};
 use crate::events;
 use crate::leases::{self, ClaimSpec, Fence};
 use crate::model::{Claim, ReservationKind, Run};
@@ -146,11 +146,21 @@ fn revision(store: &mut dyn Store, run_id: &str) -> i64 {
 }
 
 fn assert_lease_lost(result: crate::errors::Result<impl std::fmt::Debug>, actual: i64) {
+    assert_lost_because(result, actual, LostReason::Superseded);
+}
+
+fn assert_lost_because(
+    result: crate::errors::Result<impl std::fmt::Debug>,
+    actual: i64,
+    why: LostReason,
+) {
     match result {
         Err(LedgerError::LeaseLost {
-            actual_generation, ..
-        }) => assert_eq!(actual_generation, actual),
-        other => panic!("expected LeaseLost, got {other:?}"),
+            actual_generation,
+            reason,
+            ..
+        }) => assert_eq!((actual_generation, reason), (actual, why)),
+        other => panic!("expected LeaseLost({why}), got {other:?}"),
     }
 }
 
@@ -333,7 +343,11 @@ fn claim_cas_and_fenced_writes(store: &mut dyn Store) {
     );
     // A token that is not the claim's, at the right generation, is refused too.
     let forged = Fence::from_token("q", 2, "fpt_forged");
-    assert_lease_lost(leases::release(store, &forged, T0 + 3), 2);
+    assert_lost_because(
+        leases::release(store, &forged, T0 + 3),
+        2,
+        LostReason::Token,
+    );
     // A claim names one run: presenting it for another is a usage error.
     assert_invalid(
         runs::set_outputs(store, "work", &json("{}"), Some(&fence(&second)), T0),
@@ -354,7 +368,11 @@ fn claim_cas_and_fenced_writes(store: &mut dyn Store) {
         (2, T0 + 4 + LEASE_MS)
     );
     leases::release(store, &current, T0 + 5).unwrap();
-    assert_lease_lost(leases::release(store, &current, T0 + 6), 2);
+    assert_lost_because(
+        leases::release(store, &current, T0 + 6),
+        2,
+        LostReason::Released,
+    );
     let lease = leases::lease(store, "q").unwrap();
     assert_eq!((lease.generation, lease.owner_id), (2, None));
     let third = leases::claim(store, "q", &spec("host-b"), T0 + 7)
@@ -390,14 +408,20 @@ fn expiry_fences_the_old_owner(store: &mut dyn Store) {
         .unwrap()
         .is_empty());
     assert_eq!(expired[0].run_id, "q");
-    assert_lease_lost(
+    assert_lost_because(
         leases::heartbeat(store, &fence(&claim), &claim.token, LEASE_MS, expiry),
         1,
+        LostReason::Expired,
     );
     let taken = leases::claim(store, "q", &spec("host-b"), expiry)
         .unwrap()
         .unwrap();
     assert_eq!(taken.generation, 2);
+    // Once another owner has claimed it, the old claim was superseded, not merely expired.
+    assert_lease_lost(
+        leases::heartbeat(store, &fence(&claim), &claim.token, LEASE_MS, expiry),
+        2,
+    );
     assert!(leases::expired_leases(store, expiry, false)
         .unwrap()
         .is_empty());
@@ -557,7 +581,7 @@ fn the_operations_move_runs_along_the_lifecycle(store: &mut dyn Store) {
         let run_id = format!("abandon-{i}");
         run_at(store, &run_id, from);
         assert_eq!(
-            runs::abandon_run(store, &run_id, T0).unwrap(),
+            runs::abandon_run(store, &run_id, None, true, T0).unwrap(),
             !from.is_terminal()
         );
         let status = runs::get_run(store, &run_id).unwrap().unwrap().status;

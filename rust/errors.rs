@@ -87,7 +87,7 @@ pub enum LedgerError {
         reason: String,
     },
     /// A fenced write carried a stale claim.
-    #[error("lease on {run_id:?} lost: expected generation {expected_generation}, found {actual_generation}")]
+    #[error("lease on {run_id:?} lost ({reason}): this claim holds generation {expected_generation}, the lease is at {actual_generation}")]
     LeaseLost {
         /// The run whose lease moved on.
         run_id: String,
@@ -95,6 +95,8 @@ pub enum LedgerError {
         expected_generation: i64,
         /// The lease's generation now.
         actual_generation: i64,
+        /// What happened to the claim.
+        reason: LostReason,
     },
     /// The database stayed locked past the busy timeout and every retry.
     #[error("database busy after {waited_ms} ms and {retries} retries")]
@@ -137,5 +139,37 @@ impl LedgerError {
             argument: argument.into(),
             source,
         }
+    }
+}
+
+/// Why a claim no longer fences its run, as `LeaseLost` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostReason {
+    /// Another claim took a newer generation (after this one expired or was released).
+    Superseded,
+    /// The claim's lease ran out (no heartbeat in time) and nobody has claimed the run since.
+    Expired,
+    /// The claim was given up with `release`.
+    Released,
+    /// The token is not this generation's: the claim presented is not the one `claim` returned.
+    Token,
+}
+
+impl LostReason {
+    /// The name Python sees (`LeaseLost.reason`).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Superseded => "superseded",
+            Self::Expired => "expired",
+            Self::Released => "released",
+            Self::Token => "token",
+        }
+    }
+}
+
+impl std::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }

@@ -12,7 +12,7 @@ use crate::params;
 use sha2::{Digest as _, Sha256};
 
 use crate::canonical::Value;
-use crate::errors::{LedgerError, Result};
+use crate::errors::{LedgerError, LostReason, Result};
 use crate::events::{self, Actor};
 use crate::ids::check_name;
 use crate::model::{Claim, Lease};
@@ -194,20 +194,30 @@ pub(crate) struct FenceRow {
 /// The fence check itself, on a lease row already read (`None`: the run has no lease row):
 /// the generation, the token hash and the expiry must all hold, else `LeaseLost`.
 fn judge(row: Option<&FenceRow>, fence: &Fence, now_ms: i64) -> Result<Actor<'static>> {
-    let lost = |actual: i64| LedgerError::LeaseLost {
+    let lost = |actual: i64, reason: LostReason| LedgerError::LeaseLost {
         run_id: fence.run_id.clone(),
         expected_generation: fence.generation,
         actual_generation: actual,
+        reason,
     };
     let Some(row) = row else {
-        return Err(lost(0));
+        return Err(lost(0, LostReason::Superseded));
     };
-    let live = row.expires_at.is_some_and(|e| e > now_ms);
-    if row.generation != fence.generation
-        || row.token_hash.as_deref() != Some(&fence.token_hash)
-        || !live
-    {
-        return Err(lost(row.generation));
+    // In the order that says most: a newer generation explains any other mismatch, a cleared
+    // owner explains the missing expiry, and only a claim that is still the lease's can have
+    // merely run out of time.
+    if row.generation != fence.generation {
+        return Err(lost(row.generation, LostReason::Superseded));
+    }
+    match row.token_hash.as_deref() {
+        None => return Err(lost(row.generation, LostReason::Released)),
+        Some(hash) if hash != fence.token_hash => {
+            return Err(lost(row.generation, LostReason::Token));
+        }
+        Some(_) => {}
+    }
+    if row.expires_at.is_none_or(|e| e <= now_ms) {
+        return Err(lost(row.generation, LostReason::Expired));
     }
     let actor_type = match row.owner_type.as_deref() {
         Some("host") => Some("host"),
@@ -370,10 +380,12 @@ fn fenced_write(fence: &Fence, changed: usize) -> Result<()> {
     if changed == 1 {
         Ok(())
     } else {
+        // Unreachable while `check` holds the run's lock; reported as the fence moving on.
         Err(LedgerError::LeaseLost {
             run_id: fence.run_id.clone(),
             expected_generation: fence.generation,
             actual_generation: fence.generation,
+            reason: LostReason::Superseded,
         })
     }
 }

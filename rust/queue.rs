@@ -1,5 +1,6 @@
-//! The run queue: reserving runs for a controller, preparing or adopting them atomically, and
-//! continuing a parked run with a new one. Claims, heartbeats and releases are in
+//! The run queue: reserving runs for a controller, handing out the next queued ones
+//! ([`claim_next`]), preparing or adopting them atomically, and continuing a parked run with a
+//! new one. Claims, heartbeats and releases are in
 //! [`crate::leases`]; status changes in [`crate::runs`].
 //!
 //! Every operation is one transaction. Digests are always recomputed from the values the caller
@@ -300,5 +301,88 @@ pub fn prepare_or_adopt(
             run: runs::must_read_run(tx, &req.run_id)?,
             claim: Some(claim),
         })
+    })
+}
+
+/// The most runs one `claim_next` claims.
+pub const MAX_NEXT: i64 = 1000;
+
+/// What `claim_next` is asked for.
+#[derive(Debug, Clone)]
+pub struct NextClaims {
+    /// Who claims.
+    pub runner_id: String,
+    /// Lease length of each claim.
+    pub lease_ms: i64,
+    /// Only runs of these workflow names (`None`: any).
+    pub workflow_names: Option<Vec<String>>,
+    /// At most this many runs, from 1 to [`MAX_NEXT`].
+    pub limit: i64,
+    /// The caller's token, for a single claim (`limit` 1).
+    pub token: Option<String>,
+}
+
+/// Claim the oldest queued runs (`created_at`, then `run_id`), at most `limit`, each as
+/// [`leases::claim`] does (generation + 1, `starting`, a `lease.claimed` event), in one
+/// transaction. On PostgreSQL the queued runs are read with `FOR UPDATE SKIP LOCKED` from the
+/// index of queued runs alone, so two claimers never wait on each other's runs (each takes the
+/// next ones nobody holds) and the read costs the same however many runs have ended; SQLite has
+/// one writer, so the same read simply finds what the last claimer left. Empty when nothing is
+/// queued.
+pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Result<Vec<Claim>> {
+    if !(1..=MAX_NEXT).contains(&req.limit) {
+        return Err(LedgerError::invalid(
+            "limit",
+            format!("must be from 1 to {MAX_NEXT}, not {}", req.limit),
+        ));
+    }
+    if req.token.is_some() && req.limit > 1 {
+        return Err(LedgerError::invalid(
+            "token",
+            "a token belongs to one claim: pass it with limit=1, or leave it out and each claim \
+             gets its own",
+        ));
+    }
+    if let Some(names) = &req.workflow_names {
+        for name in names {
+            check_name("workflow_names", name)?;
+        }
+    }
+    // Every claim's token is drawn before the transaction, so one run again after contention
+    // hands out the same tokens.
+    let mut specs = vec![ClaimSpec::new(
+        req.runner_id.clone(),
+        req.lease_ms,
+        req.token.clone(),
+        "token",
+    )?];
+    for _ in 1..req.limit {
+        specs.push(ClaimSpec::new(
+            req.runner_id.clone(),
+            req.lease_ms,
+            None,
+            "token",
+        )?);
+    }
+    let names = req.workflow_names.as_deref().map(events::json_array);
+    store.write("claiming the next queued runs", |tx| {
+        let queued: Vec<String> =
+            tx.rows(&sql::NEXT_QUEUED_SQL, params![names, req.limit], |r| {
+                r.get(0)
+            })?;
+        let mut claims = Vec::with_capacity(queued.len());
+        for (run_id, spec) in queued.iter().zip(&specs) {
+            // Already held by this transaction on PostgreSQL (the read locked it); on SQLite the
+            // write lock covers it. The status is read again under the lock all the same.
+            tx.lock_run(run_id)?;
+            let state = crate::status::run_state(tx, run_id)?.status;
+            if state != RunStatus::Queued {
+                continue;
+            }
+            if let Some(claim) = leases::claim_in(tx, run_id, state, spec, now_ms)? {
+                claims.push(claim);
+            }
+        }
+        Ok(claims)
     })
 }

@@ -286,11 +286,24 @@ def test_units_order_and_unknown(ledger: fp.Ledger, run: fp.Run, clock: FakeCloc
     assert ledger.attempts(run.run_id, "nope") == []
 
 
-def test_abandoned_run_still_journals_results(ledger: fp.Ledger, run: fp.Run) -> None:
-    """Abandoning a run mid-dispatch still records a unit's result: the work happened."""
-    res = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
-    ledger.abandon_run(run.run_id)
-    assert ledger.finish_attempt(run.run_id, "u1", 1, res.dispatch_id, status="completed")
+def test_abandoning_a_run_cancels_its_running_attempts(ledger: fp.Ledger, run: fp.Run) -> None:
+    """Abandoning a run mid-dispatch finishes its running attempts as ``cancelled`` (with their
+    ``unit.finished`` events); a worker's late finish then loses the compare-and-set, while a
+    finished attempt keeps its result."""
+    running = ledger.reserve_attempt(run.run_id, "u1", step_id="build")
+    done = ledger.reserve_attempt(run.run_id, "u2", step_id="build")
+    assert ledger.finish_attempt(run.run_id, "u2", 1, done.dispatch_id, status="completed")
+    assert ledger.abandon_run(run.run_id, reason="operator stop")
+    attempt = ledger.attempts(run.run_id, "u1")[0]
+    assert (attempt.status, attempt.failure_reason) == ("cancelled", "operator stop")
+    assert ledger.unit(run.run_id, "u1").status == "cancelled"  # type: ignore[union-attr]
+    assert ledger.unit(run.run_id, "u2").status == "completed"  # type: ignore[union-attr]
+    finished = [e for e in ledger.events(run.run_id) if e.type == "unit.finished"]
+    assert [(e.payload["unit_id"], e.payload["status"]) for e in finished] == [
+        ("u2", "completed"),
+        ("u1", "cancelled"),
+    ]
+    assert not ledger.finish_attempt(run.run_id, "u1", 1, running.dispatch_id, status="completed")
 
 
 def test_dispatch_ids_unique_in_database(ledger: fp.Ledger, run: fp.Run, tmp_path: Any) -> None:

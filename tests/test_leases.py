@@ -6,6 +6,7 @@ nothing. Expiry is driven by the injected clock, never by sleeping."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import pathlib
 from typing import Any
@@ -369,3 +370,37 @@ def test_the_token_never_reaches_the_database_file(
             assert token[4:].encode() not in raw
     # The scan does see lease rows: the SHA-256 of the newest token is there.
     assert hashlib.sha256(tokens[-1].encode()).hexdigest().encode() in raw_closed
+
+
+def test_lease_lost_says_why(ledger: fp.Ledger, clock: FakeClock) -> None:
+    """``LeaseLost.reason``: released, expired, superseded or a token that is not the claim's;
+    the message says which and what to do, and nothing is written in any case."""
+    ledger.reserve_run("run-1", **queued())
+    first = ledger.claim("run-1", "host-a", lease_ms=1_000)
+    assert first is not None
+    ledger.release(first)
+    revision = ledger.get_run("run-1").revision  # type: ignore[union-attr]
+    with pytest.raises(fp.LeaseLost) as released:
+        ledger.heartbeat(first, lease_ms=1_000)
+    assert (released.value.reason, released.value.actual_generation) == ("released", 1)
+    assert "was released" in str(released.value)
+    second = ledger.claim("run-1", "host-a", lease_ms=1_000)
+    assert second is not None
+    clock.advance(1_001)
+    with pytest.raises(fp.LeaseLost) as expired:
+        ledger.set_outputs("run-1", {"late": True}, claim=second)
+    assert (expired.value.reason, expired.value.actual_generation) == ("expired", 2)
+    assert "expired" in str(expired.value)
+    third = ledger.claim("run-1", "host-b", lease_ms=1_000)
+    assert third is not None
+    with pytest.raises(fp.LeaseLost) as superseded:
+        ledger.heartbeat(second, lease_ms=1_000)
+    assert (superseded.value.reason, superseded.value.actual_generation) == ("superseded", 3)
+    assert "another claim took generation 3" in str(superseded.value)
+    forged = dataclasses.replace(third, token="fpt_" + "0" * 64)
+    with pytest.raises(fp.LeaseLost) as token:
+        ledger.release(forged)
+    assert (token.value.reason, token.value.actual_generation) == ("token", 3)
+    # Only the claims themselves wrote (two claims and a release): none of the refused calls.
+    events = [e.type for e in ledger.events("run-1") if e.revision > revision]
+    assert events == ["lease.claimed", "lease.claimed"], events

@@ -159,16 +159,79 @@ def test_publish_child_run_is_idempotent(ledger: fp.Ledger) -> None:
         parent.run_id,
         parent_unit_id="u-8",
         invocation_key="k1",
-        workflow_ref="wf/other",
+        workflow_ref="wf/child",
         steps=[{"id": "x"}, {"id": "y"}],
         run_id="candidate-2",
     )
     assert again == child
     assert ledger.get_run("candidate-2") is None
+    # The same key for another workflow is a mistake, not a retry: refused, naming both.
+    with pytest.raises(fp.InvalidArgument) as other:
+        ledger.publish_child_run(
+            parent.run_id,
+            parent_unit_id="u-8",
+            invocation_key="k1",
+            workflow_ref="wf/other",
+            steps=[{"id": "x"}],
+            run_id="candidate-3",
+        )
+    assert other.value.argument == "workflow_ref"
+    assert "wf/child" in str(other.value)
+    assert "wf/other" in str(other.value)
+    assert ledger.get_run("candidate-3") is None
     assert [e.type for e in ledger.events(child.run_id)] == ["run.started"]
     # The scope guard does not apply to children, and publishing leaves the parent untouched.
     assert ledger.get_run(parent.run_id) == parent
     assert ledger.child_runs(parent.run_id) == [child]
+
+
+def _child(ledger: fp.Ledger, parent: str, key: str) -> fp.Run:
+    return ledger.publish_child_run(
+        parent, parent_unit_id="u", invocation_key=key, workflow_ref="wf/child", steps=STEPS
+    )
+
+
+def test_abandon_cancels_the_whole_live_tree_in_one_go(ledger: fp.Ledger) -> None:
+    """Three levels, each with a running attempt: abandoning the root cancels every run and
+    every running attempt (each with its ``unit.finished``); a finished child stays as it was;
+    nothing new can be published below the cancelled runs, while a retry of an existing key
+    still finds its child."""
+    root = start(ledger, scope=None, force=True)
+    mid = _child(ledger, root.run_id, "k-mid")
+    leaf = _child(ledger, mid.run_id, "k-leaf")
+    done = _child(ledger, root.run_id, "k-done")
+    assert ledger.abandon_run(done.run_id)
+    for r in (root, mid, leaf):
+        ledger.reserve_attempt(r.run_id, "u1", step_id=r.current_step_id)
+    assert ledger.abandon_run(root.run_id, reason="deploy called off") is True
+    for r in (root, mid, leaf):
+        got = ledger.get_run(r.run_id)
+        assert got is not None
+        assert got.status == "cancelled", r.run_id
+        attempt = ledger.attempts(r.run_id, "u1")[0]
+        assert (attempt.status, attempt.failure_reason) == ("cancelled", "deploy called off")
+        status = [e for e in ledger.events(r.run_id) if e.type == "run.status"][-1]
+        assert status.payload["reason"] == "deploy called off"
+        assert status.payload["to"] == "cancelled"
+    # The child cancelled before keeps its own (single) cancellation.
+    assert [e.type for e in ledger.events(done.run_id)].count("run.status") == 1
+    assert ledger.abandon_run(root.run_id) is False
+    with pytest.raises(fp.RunNotActive) as refused:
+        _child(ledger, mid.run_id, "k-new")
+    assert (refused.value.run_id, refused.value.status) == (mid.run_id, "cancelled")
+    assert [c.run_id for c in ledger.child_runs(mid.run_id)] == [leaf.run_id]
+    assert _child(ledger, mid.run_id, "k-leaf") == ledger.get_run(leaf.run_id)
+
+
+def test_abandon_without_cascade_leaves_the_children(ledger: fp.Ledger) -> None:
+    root = start(ledger, scope=None, force=True)
+    kid = _child(ledger, root.run_id, "k")
+    assert ledger.abandon_run(root.run_id, cascade=False)
+    assert ledger.get_run(kid.run_id).status == "active"  # type: ignore[union-attr]
+    with pytest.raises(fp.InvalidArgument) as bad:
+        ledger.abandon_run(kid.run_id, reason="x\x00y")
+    assert bad.value.argument == "reason"
+    assert ledger.get_run(kid.run_id).status == "active"  # type: ignore[union-attr]
 
 
 def test_child_of_unknown_parent(ledger: fp.Ledger) -> None:

@@ -1,16 +1,19 @@
 """Runs raced by real processes on one ledger (a SQLite file or a PostgreSQL schema):
-concurrent publishers of one child all get the same child, and concurrent starts in one guarded
+concurrent publishers of one child all get the same child, concurrent starts in one guarded
 scope make exactly one active run, with default settings, no StoreBusy and no raw database
-error surfacing."""
+error surfacing; and a cascading cancel killed with kill -9 at random moments leaves its tree
+whole or untouched, never half cancelled."""
 
 from __future__ import annotations
 
+import random
+import time
 from collections import Counter
 from typing import Any
 
 import fencepost as fp
-from tests.conftest import STEPS
-from tests.processes import outcome, run_all
+from tests.conftest import STEPS, raw_db
+from tests.processes import check_invariants, kill_mid_flight, outcome, run_all
 
 PROCS = 4
 
@@ -69,3 +72,79 @@ def test_concurrent_starts_in_one_scope_make_one_active_run(target: str) -> None
     assert all(v == winner for k, v in results if k == "ActiveRunExists")
     with fp.Ledger.open(path) as ledger:
         assert [r.run_id for r in ledger.list_runs(active_only=True)] == [winner]
+
+
+# ------------------------------------------------------------------ cancel a tree, kill -9
+
+UNITS_PER_RUN = 150
+
+
+def _tree(ledger: fp.Ledger, tag: str) -> list[str]:
+    """A tree of three levels (a root, two children, a grandchild under each), every run with
+    ``UNITS_PER_RUN`` running attempts: the runs' ids, root first."""
+    root = ledger.start_run("wf/root", scope_key=None, steps=[{"id": "s"}], force=True).run_id
+    ids = [root]
+    for c in range(2):
+        child = ledger.publish_child_run(
+            root, parent_unit_id="u", invocation_key=f"{tag}-c{c}", workflow_ref="wf/c",
+            steps=[{"id": "s"}],
+        ).run_id  # fmt: skip
+        grandchild = ledger.publish_child_run(
+            child, parent_unit_id="u", invocation_key=f"{tag}-g{c}", workflow_ref="wf/g",
+            steps=[{"id": "s"}],
+        ).run_id  # fmt: skip
+        ids += [child, grandchild]
+    for run_id in ids:
+        ledger.reserve_attempts(
+            run_id, [{"unit_id": f"u{n}", "step_id": "s"} for n in range(UNITS_PER_RUN)]
+        )
+    return ids
+
+
+def _abandon_then_die(target: str, root: str, ready: Any) -> None:
+    with fp.Ledger.open(target) as ledger:
+        ready.set()
+        ledger.abandon_run(root, reason="kill test")
+        time.sleep(60)  # killed before this ends
+
+
+def _tree_state(target: str, ids: list[str]) -> tuple[set[str], set[str]]:
+    """The statuses of the tree's runs and of their attempts, read behind the API."""
+    marks = ",".join("?" * len(ids))
+    with raw_db(target) as db:
+        runs = {r[0] for r in db.execute(f"SELECT status FROM runs WHERE run_id IN ({marks})", ids)}
+        attempts = {
+            r[0]
+            for r in db.execute(
+                f"SELECT DISTINCT status FROM attempts WHERE run_id IN ({marks})", ids
+            )
+        }
+    return runs, attempts
+
+
+def _kill_mid_cancel(target: str, rounds: int, pause_s: float) -> None:
+    rng = random.Random(7)
+    outcomes: Counter[str] = Counter()
+    with fp.Ledger.open(target) as ledger:
+        ids = _tree(ledger, "t0")
+    for n in range(rounds):
+        kill_mid_flight(_abandon_then_die, (target, ids[0]), rng.uniform(0, pause_s))
+        runs, attempts = _tree_state(target, ids)
+        # The whole tree or nothing: never a cancelled parent above a live child, never a
+        # cancelled run with a running attempt, never a live run with a cancelled one.
+        if runs == {"cancelled"}:
+            assert attempts == {"cancelled"}, attempts
+            outcomes["whole"] += 1
+            with fp.Ledger.open(target) as ledger:
+                ids = _tree(ledger, f"t{n + 1}")
+        else:
+            assert (runs, attempts) == ({"active"}, {"running"}), (runs, attempts)
+            outcomes["none"] += 1
+    check_invariants(target)
+    # Both ends were reached: some kills landed before the commit, some after.
+    assert outcomes["whole"] > 0, outcomes
+    assert outcomes["none"] > 0, outcomes
+
+
+def test_kill_mid_cancel_never_leaves_half_a_tree(target: str) -> None:
+    _kill_mid_cancel(target, rounds=20, pause_s=0.15)

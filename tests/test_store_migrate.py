@@ -115,7 +115,13 @@ def test_open_creates_the_schema_and_records_the_migration() -> None:
             rows = conn.execute(
                 "SELECT version, name FROM schema_migrations ORDER BY version"
             ).fetchall()
-            assert rows == [(1, "init"), (2, "fillfactor"), (3, "prune"), (4, "reads")]
+            assert rows == [
+                (1, "init"),
+                (2, "fillfactor"),
+                (3, "prune"),
+                (4, "reads"),
+                (5, "queue"),
+            ]
             tables = {
                 r[0]
                 for r in conn.execute(
@@ -148,6 +154,8 @@ DROP FUNCTION pruning_terminal_only();
 DROP INDEX runs_prune, runs_definition_ref, runs_params_ref, runs_input_ref,
     runs_launch_options_ref, runs_source_ref, runs_plan_ref, runs_outputs_ref, events_rare_type;
 """
+# What 0005_queue added, taken away again.
+UNDO_0005 = "DROP INDEX runs_queued;"
 # What 0004_reads added, taken away again: the recency index as version 1 made it.
 UNDO_0004 = """
 DROP INDEX runs_recent, runs_status_recent, units_first_started;
@@ -157,7 +165,7 @@ CREATE INDEX runs_updated ON runs(updated_at DESC, created_at DESC);
 
 def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
     # The schema as version 1 left it (its own migration file, run by hand), with a run and an
-    # attempt in it; opening applies 0002 to 0004 and keeps every row.
+    # attempt in it; opening applies 0002 to 0005 and keeps every row.
     with pg_schema() as url:
         with pg_connect(PG_URL) as conn:
             conn.execute(f'CREATE SCHEMA "{schema_of(url)}"')
@@ -176,10 +184,11 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
             conn.execute("DELETE FROM schema_migrations WHERE version >= 2")
             conn.execute("ALTER TABLE attempts RESET (fillfactor)")
             conn.execute("ALTER TABLE units RESET (fillfactor)")
+            conn.execute(UNDO_0005)
             conn.execute(UNDO_0004)
             conn.execute(UNDO_0003)
         with fp.Ledger.open(url) as ledger:
-            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 4
+            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 5
             assert ledger.finish_attempt(
                 "old", "u1", res.attempt, res.dispatch_id, status="completed"
             )
@@ -189,7 +198,12 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
                 "SELECT version, name, applied_at FROM schema_migrations ORDER BY version"
             ).fetchall()
             assert rows[0] == (1, "init", 7)
-            assert [r[:2] for r in rows[1:]] == [(2, "fillfactor"), (3, "prune"), (4, "reads")]
+            assert [r[:2] for r in rows[1:]] == [
+                (2, "fillfactor"),
+                (3, "prune"),
+                (4, "reads"),
+                (5, "queue"),
+            ]
             options = dict(
                 conn.execute(
                     "SELECT relname, reloptions FROM pg_class "

@@ -29,11 +29,11 @@ cancels the *wait*, not the work. A call already handed to the ledger runs to it
 commits or rolls back exactly as it would have; the cancelled caller just does not see the
 outcome. So a cancelled write **may have committed**, and every write has a way back:
 
-- ``claim`` and ``prepare_or_adopt`` take a lease whose token only the call's result carries.
-  When one of them is cancelled, the cancellation waits for the transaction to end and releases
-  the lease it took (if any) before ``CancelledError`` (or ``TimeoutError``) reaches the caller,
-  so no lease is left that nobody can use or give back. ``open`` likewise closes the ledger it
-  opened.
+- ``claim``, ``claim_next`` and ``prepare_or_adopt`` take leases whose tokens only the call's
+  result carries. When one of them is cancelled, the cancellation waits for the transaction to
+  end and releases the leases it took (if any) before ``CancelledError`` (or
+  ``TimeoutError``) reaches the caller, so no lease is left that nobody can use or give back.
+  ``open`` likewise closes the ledger it opened.
 - ``reserve_attempt(s)``: call it again with the same units; attempts the cancelled call
   reserved come back ``kind="reclaimed"`` with the same attempt numbers and dispatch ids.
 - ``finish_attempt(s)`` is a compare-and-set: calling it again returns ``False`` for a finish
@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
@@ -130,12 +130,12 @@ def _queued(
 def _in_thread(
     method: Callable[Concatenate[Ledger, P], R],
     *,
-    lease: Callable[[R], Claim | None] | None = None,
+    lease: Callable[[R], Iterable[Claim | None]] | None = None,
 ) -> Callable[Concatenate[AsyncLedger, P], Coroutine[Any, Any, R]]:
     """The coroutine form of a ``Ledger`` method, with the same signature and docstring.
 
-    ``lease`` picks the claim out of the method's result, for the methods that take a lease:
-    cancelled, the coroutine releases it (see the module docs)."""
+    ``lease`` picks the claims out of the method's result, for the methods that take leases:
+    cancelled, the coroutine releases them (see the module docs)."""
 
     async def call(self: AsyncLedger, /, *args: P.args, **kwargs: P.kwargs) -> R:
         if lease is None:
@@ -143,9 +143,9 @@ def _in_thread(
         ledger = self.ledger
 
         def release(result: R) -> None:
-            taken = lease(result)
-            if taken is not None:
-                ledger.release(taken)
+            for taken in lease(result):
+                if taken is not None:
+                    ledger.release(taken)
 
         return await _undo_on_cancel(functools.partial(method, ledger, *args, **kwargs), release)
 
@@ -276,8 +276,9 @@ class AsyncLedger:
     unit = _in_thread(Ledger.unit)
     accounting = _in_thread(Ledger.accounting)
     reserve_run = _in_thread(Ledger.reserve_run)
-    claim = _in_thread(Ledger.claim, lease=lambda claim: claim)
-    prepare_or_adopt = _in_thread(Ledger.prepare_or_adopt, lease=lambda prep: prep.claim)
+    claim = _in_thread(Ledger.claim, lease=lambda claim: [claim])
+    claim_next = _in_thread(Ledger.claim_next, lease=lambda claims: claims)
+    prepare_or_adopt = _in_thread(Ledger.prepare_or_adopt, lease=lambda prep: [prep.claim])
     heartbeat = _queued(Ledger.heartbeat)
     release = _in_thread(Ledger.release)
     set_status = _queued(Ledger.set_status)

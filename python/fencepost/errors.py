@@ -12,6 +12,7 @@ default, so ``cls(message)`` followed by restoring ``__dict__`` rebuilds the sam
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 __all__ = [
     "ActiveRunExists",
@@ -177,9 +178,17 @@ class ContinuationRefused(LedgerError):
         super().__init__(message or f"cannot continue run {parent_run_id!r}: {reason}")
 
 
+LostReason = Literal["superseded", "expired", "released", "token"]
+"""Why a claim no longer holds its run's lease (``LeaseLost.reason``)."""
+
+
 class LeaseLost(LedgerError):
-    """A fenced write used a stale claim: the lease moved to ``actual_generation`` (or expired)
-    after this claim took ``expected_generation``. Nothing was written."""
+    """A fenced write used a claim that no longer holds the run's lease; nothing was written.
+
+    ``reason`` says what happened: ``"superseded"`` (another claim took generation
+    ``actual_generation``), ``"expired"`` (no heartbeat in time; nobody has claimed the run
+    since), ``"released"`` (the claim was given up with ``release``) or ``"token"`` (the token
+    is not the one ``claim`` returned for this generation)."""
 
     def __init__(
         self,
@@ -188,16 +197,39 @@ class LeaseLost(LedgerError):
         run_id: str = "",
         expected_generation: int = 0,
         actual_generation: int = 0,
+        reason: LostReason = "superseded",
     ) -> None:
         self.run_id = run_id
         self.expected_generation = expected_generation
         self.actual_generation = actual_generation
+        self.reason: LostReason = reason
         super().__init__(
-            message
-            or f"lease on run {run_id!r} lost: this claim holds generation {expected_generation}, "
-            f"the lease is at generation {actual_generation} (or expired); stop working on the "
-            "run and claim it again"
+            message or _lost_message(run_id, expected_generation, actual_generation, reason)
         )
+
+
+def _lost_message(run_id: str, expected: int, actual: int, reason: str) -> str:
+    lead = f"lease on run {run_id!r} lost"
+    if reason == "expired":
+        return (
+            f"{lead}: this claim (generation {expected}) expired without a heartbeat in time; "
+            "stop working on the run, and claim it again to go on (heartbeat more often than "
+            "lease_ms)"
+        )
+    if reason == "released":
+        return (
+            f"{lead}: this claim (generation {expected}) was released; claim the run again "
+            "before writing to it"
+        )
+    if reason == "token":
+        return (
+            f"{lead}: the token is not the one claim() returned for generation {expected}; pass "
+            "the Claim that claim() returned"
+        )
+    return (
+        f"{lead}: this claim holds generation {expected}, another claim took generation "
+        f"{actual}; stop working on the run: its new owner carries on"
+    )
 
 
 class StoreBusy(LedgerError, TimeoutError):

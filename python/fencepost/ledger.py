@@ -414,9 +414,13 @@ class Ledger:
         Refused with ``ActiveRunExists`` if the scope gained an active run meanwhile."""
         return self._core.resume_run(run_id)
 
-    def abandon_run(self, run_id: str) -> bool:
-        """Cancel a non-terminal run; ``False`` if it was already terminal."""
-        return self._core.abandon_run(run_id)
+    def abandon_run(self, run_id: str, *, reason: str | None = None, cascade: bool = True) -> bool:
+        """Cancel a non-terminal run; ``False`` if it was already terminal. Its running attempts
+        are finished as ``cancelled`` (each with its ``unit.finished`` event; a late finish of
+        one then returns ``False``), and with ``cascade`` every live run below it is cancelled
+        too, all in one transaction. ``reason`` is recorded in the ``run.status`` events and as
+        the cancelled attempts' ``failure_reason``."""
+        return self._core.abandon_run(run_id, reason, cascade)
 
     def set_outputs(self, run_id: str, outputs: Any, *, claim: Claim | None = None) -> None:
         """Record the run's resolved outputs (stored as a canonical JSON blob)."""
@@ -625,6 +629,24 @@ class Ledger:
         another owner's lease is unexpired. Re-claiming your own live lease also takes a new
         generation, and the old token stops working. A queued run becomes ``starting``."""
         return self._core.claim(run_id, runner_id, lease_ms, token)
+
+    def claim_next(
+        self,
+        runner_id: str,
+        *,
+        lease_ms: int,
+        workflow_names: str | Iterable[str] | None = None,
+        limit: int = 1,
+        token: str | None = None,
+    ) -> list[Claim]:
+        """Claim the oldest queued runs (by ``created_at``, then ``run_id``), at most ``limit``
+        (1 to 1 000), optionally only of ``workflow_names``: each as ``claim`` does (the next
+        generation, ``starting``, a ``lease.claimed`` event), all in one transaction. Two
+        controllers never get the same run, and on PostgreSQL neither waits for the other: each
+        skips the runs another holds. ``[]`` when nothing is queued. ``token`` is for a single
+        claim (``limit=1``); otherwise each claim gets its own."""
+        names = _refs(workflow_names, "workflow_names")
+        return self._core.claim_next(runner_id, lease_ms, names, limit, token)
 
     def heartbeat(self, claim: Claim, *, lease_ms: int) -> Claim:
         """Extend a live claim to ``lease_ms`` from now; ``LeaseLost`` if it is stale."""

@@ -17,7 +17,8 @@ conformance!(
     run_pages_follow_the_cursor,
     unit_pages_are_read_by_index,
     unit_pages_follow_the_cursor,
-    live_leases_are_read_by_index
+    live_leases_are_read_by_index,
+    next_queued_runs_are_read_by_index
 );
 
 /// `p0` and 3 000 more runs (see [`many_runs`]).
@@ -369,5 +370,34 @@ fn live_leases_are_read_by_index(store: &mut dyn Store) {
     assert_eq!(
         leases::expired_leases(store, T0, true).expect("expired"),
         active
+    );
+}
+
+/// `claim_next`'s read walks the index of queued runs alone, in order: however many runs have
+/// moved on, finding the next queued one costs the same.
+fn next_queued_runs_are_read_by_index(store: &mut dyn Store) {
+    fill_runs(store);
+    let queue = Sql::same(
+        "UPDATE runs SET status = 'queued' WHERE completed_at IS NULL AND created_at % 50 = 0",
+    );
+    store
+        .write("queueing", |tx| tx.exec(&queue, params![]).map(|_| ()))
+        .expect("queue");
+    analyze(store);
+    let none: Option<String> = None;
+    let next = plan(store, &sql::NEXT_QUEUED_SQL, params![none, 10_i64]);
+    assert!(
+        next.contains("runs_queued"),
+        "the next queued runs by runs_queued:\n{next}"
+    );
+    // Walking the whole partial index is the point (it holds the queued runs only); a walk of
+    // the table or of another index is not.
+    let walks_runs = next
+        .lines()
+        .any(|l| (l.contains("SCAN runs") && !l.contains("runs_queued")) || l.contains("Seq Scan"));
+    assert!(!walks_runs, "no scan of the runs:\n{next}");
+    assert!(
+        !next.contains("TEMP B-TREE"),
+        "in the index's order, unsorted:\n{next}"
     );
 }

@@ -75,7 +75,7 @@ fn child(store: &mut dyn Store, parent: &str, id: &str) {
 fn finished_run(store: &mut dyn Store, id: &str, at: i64) {
     started(store, id);
     work(store, id);
-    assert!(runs::abandon_run(store, id, at).unwrap());
+    assert!(runs::abandon_run(store, id, None, true, at).unwrap());
 }
 
 fn work(store: &mut dyn Store, id: &str) {
@@ -132,15 +132,16 @@ fn restore(store: &mut dyn Store, archive: &[u8]) -> crate::errors::Result<u64> 
 fn prune_takes_whole_terminal_trees(store: &mut dyn Store) {
     // old: a finished tree with two children; live: a finished parent with a live child;
     // young: finished after the cutoff; active: never finished; last: holds the newest event.
-    finished_run(store, "old", T0 + DAY);
+    started(store, "old");
+    work(store, "old");
     started(store, "live");
     child(store, "old", "old-c1");
     child(store, "old", "old-c2");
     child(store, "live", "live-c");
     work(store, "old-c1");
-    assert!(runs::abandon_run(store, "old-c1", T0 + DAY).unwrap());
-    assert!(runs::abandon_run(store, "old-c2", T0 + DAY).unwrap());
-    assert!(runs::abandon_run(store, "live", T0 + DAY).unwrap());
+    // The whole old tree at once; live alone, its child left running.
+    assert!(runs::abandon_run(store, "old", None, true, T0 + DAY).unwrap());
+    assert!(runs::abandon_run(store, "live", None, false, T0 + DAY).unwrap());
     finished_run(store, "young", T0 + 10 * DAY);
     started(store, "active");
     work(store, "active");
@@ -189,10 +190,11 @@ fn prune_takes_whole_terminal_trees(store: &mut dyn Store) {
 }
 
 fn prune_archive_restores_every_row(store: &mut dyn Store) {
-    finished_run(store, "a", T0 + DAY);
+    started(store, "a");
+    work(store, "a");
     child(store, "a", "a-c");
     work(store, "a-c");
-    assert!(runs::abandon_run(store, "a-c", T0 + DAY).unwrap());
+    assert!(runs::abandon_run(store, "a", None, true, T0 + DAY).unwrap());
     finished_run(store, "b", T0 + 2 * DAY);
     finished_run(store, "z", T0 + 30 * DAY);
     let before = dump(store);

@@ -86,10 +86,12 @@ fn build(py: Python<'_>, err: LedgerError) -> PyResult<PyErr> {
             run_id,
             expected_generation,
             actual_generation,
+            reason,
         } => {
             kw.set_item("run_id", run_id)?;
             kw.set_item("expected_generation", expected_generation)?;
             kw.set_item("actual_generation", actual_generation)?;
+            kw.set_item("reason", reason.as_str())?;
             py.get_type::<LeaseLost>()
         }
         LedgerError::StoreBusy { waited_ms, retries } => {

@@ -309,9 +309,19 @@ impl PyLedger {
         records::run(py, run)
     }
 
-    fn abandon_run(&self, py: Python<'_>, run_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+    fn abandon_run(
+        &self,
+        py: Python<'_>,
+        run_id: &Bound<'_, PyAny>,
+        reason: &Bound<'_, PyAny>,
+        cascade: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
         let run_id = text(run_id, "run_id")?;
-        self.run(py, move |s, now| runs::abandon_run(s, &run_id, now))
+        let reason = opt_prose(reason, "reason")?;
+        let cascade = flag(cascade, "cascade")?;
+        self.run(py, move |s, now| {
+            runs::abandon_run(s, &run_id, reason.as_deref(), cascade, now)
+        })
     }
 
     fn set_outputs(
@@ -528,6 +538,26 @@ impl PyLedger {
             .maybe_claim()
             .map_err(|e| to_pyerr(py, e))?;
         records::opt_claim(py, claim)
+    }
+
+    fn claim_next<'py>(
+        &self,
+        py: Python<'py>,
+        runner_id: &Bound<'py, PyAny>,
+        lease_ms: &Bound<'py, PyAny>,
+        workflow_names: &Bound<'py, PyAny>,
+        limit: &Bound<'py, PyAny>,
+        token: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let req = queue::NextClaims {
+            runner_id: text(runner_id, "runner_id")?,
+            lease_ms: int(lease_ms, "lease_ms")?,
+            workflow_names: str_list(workflow_names, "workflow_names")?,
+            limit: int(limit, "limit")?,
+            token: opt_text(token, "token")?,
+        };
+        let claims = self.run(py, move |s, now| queue::claim_next(s, &req, now))?;
+        claims.into_iter().map(|c| records::claim(py, c)).collect()
     }
 
     #[pyo3(signature = (claim, lease_ms, *, future=None))]

@@ -309,23 +309,43 @@ pub fn publish_child_run(store: &mut dyn Store, req: &ChildRun, now_ms: i64) -> 
         // Publishers of one parent serialize on its row lock, so the look-then-insert below
         // sees the first publisher's child (PostgreSQL; SQLite's IMMEDIATE lock does the same).
         tx.lock_run(&req.parent_run_id)?;
-        let scope: Option<String> = tx
+        let (scope, parent_status): (Option<String>, RunStatus) = tx
             .row(&sql::PARENT_SCOPE_SQL, params![&req.parent_run_id], |r| {
-                r.get(0)
+                Ok((r.get(0)?, r.get(1)?))
             })?
             .ok_or_else(|| LedgerError::RunNotFound {
                 run_id: req.parent_run_id.clone(),
             })?;
         // Idempotent by (parent, key): an existing child comes back unchanged, whatever the
         // candidate id, plan and steps, so a publisher that crashed and retries with a new
-        // candidate id still finds the child it made. The lock above makes this
-        // look-then-insert atomic; runs_invocation_key backs it up.
-        if let Some(existing) = tx.row(
+        // candidate id still finds the child it made (even once the parent has ended). The
+        // lock above makes this look-then-insert atomic; runs_invocation_key backs it up. The
+        // same key for another workflow is not a retry but a mistake, and is refused.
+        if let Some((existing, existing_ref)) = tx.row(
             &sql::PUBLISH_CHILD_RUN_FIND_SQL,
             params![req.parent_run_id, req.invocation_key],
-            |r| r.get::<String>(0),
+            |r| Ok((r.get::<String>(0)?, r.get::<String>(1)?)),
         )? {
+            if existing_ref != req.workflow_ref {
+                return Err(LedgerError::invalid(
+                    "workflow_ref",
+                    format!(
+                        "invocation key {:?} of run {:?} already published child {existing:?} \
+                         of workflow {existing_ref:?}, not {:?}; a different workflow needs its \
+                         own invocation_key",
+                        req.invocation_key, req.parent_run_id, req.workflow_ref
+                    ),
+                ));
+            }
             return must_read_run(tx, &existing);
+        }
+        // A new child under an ended parent would be work nobody waits for, and a cancel that
+        // had just gone through the parent's tree would miss it.
+        if parent_status.is_terminal() {
+            return Err(LedgerError::RunNotActive {
+                run_id: req.parent_run_id.clone(),
+                status: parent_status.as_str().to_owned(),
+            });
         }
         refuse_existing(tx, &run_id)?;
         insert_spine(

@@ -8,15 +8,17 @@
 
 use crate::params;
 
+use crate::attempts::FinishSpec;
 use crate::blobs;
 use crate::canonical::{Json, Value};
 use crate::errors::{LedgerError, Result};
 use crate::events::{self, Actor};
+use crate::ids::check_prose;
 use crate::leases::{self, Fence};
 use crate::model::Run;
 use crate::runs::create::guard_error;
 use crate::runs::read::must_read_run;
-use crate::status::{run_state, RunState, RunStatus, StepStatus};
+use crate::status::{run_state, AttemptStatus, RunState, RunStatus, StepStatus};
 use crate::store::{sql, Store, Tx};
 
 /// Change a run's status, bump its revision and append `run.status`: the one path every plain
@@ -28,6 +30,21 @@ pub(crate) fn transition(
     state: &RunState,
     to: RunStatus,
     current_step: Option<&str>,
+    actor: &Actor<'_>,
+    now_ms: i64,
+) -> Result<()> {
+    transition_because(tx, run_id, state, to, current_step, None, actor, now_ms)
+}
+
+/// [`transition`] with a `reason` in its `run.status` event.
+#[allow(clippy::too_many_arguments)]
+fn transition_because(
+    tx: &dyn Tx,
+    run_id: &str,
+    state: &RunState,
+    to: RunStatus,
+    current_step: Option<&str>,
+    reason: Option<&str>,
     actor: &Actor<'_>,
     now_ms: i64,
 ) -> Result<()> {
@@ -43,12 +60,20 @@ pub(crate) fn transition(
             &state.workflow_ref,
         ));
     }
-    let payload = Value::Object(vec![
-        ("from".into(), Value::Str(state.status.as_str().into())),
-        ("run_id".into(), Value::Str(run_id.to_owned())),
-        ("to".into(), Value::Str(to.as_str().into())),
-    ]);
-    events::append(tx, run_id, "run.status", &payload, actor, now_ms)?;
+    let mut fields = vec![("from".into(), Value::Str(state.status.as_str().into()))];
+    if let Some(reason) = reason {
+        fields.push(("reason".into(), Value::Str(reason.to_owned())));
+    }
+    fields.push(("run_id".into(), Value::Str(run_id.to_owned())));
+    fields.push(("to".into(), Value::Str(to.as_str().into())));
+    events::append(
+        tx,
+        run_id,
+        "run.status",
+        &Value::Object(fields),
+        actor,
+        now_ms,
+    )?;
     Ok(())
 }
 
@@ -224,27 +249,96 @@ pub fn resume_run(store: &mut dyn Store, run_id: &str, now_ms: i64) -> Result<Ru
     })
 }
 
-/// Cancel a non-terminal run; `false` when it was terminal already.
-pub fn abandon_run(store: &mut dyn Store, run_id: &str, now_ms: i64) -> Result<bool> {
+/// Cancel a non-terminal run; `false` when it was terminal already. Its running attempts are
+/// finished as `cancelled` (each with its `unit.finished` event), and with `cascade` so is every
+/// live run below it, children first, all in one transaction: a crash leaves the whole tree
+/// cancelled or none of it. `reason` goes into each `run.status` event.
+pub fn abandon_run(
+    store: &mut dyn Store,
+    run_id: &str,
+    reason: Option<&str>,
+    cascade: bool,
+    now_ms: i64,
+) -> Result<bool> {
+    if let Some(reason) = reason {
+        check_prose("reason", reason)?;
+    }
     store.write("abandoning a run", |tx| {
         tx.lock_run(run_id)?;
         let state = run_state(tx, run_id)?;
         if state.status.is_terminal() {
             return Ok(false);
         }
-        let current = state.current_step_id.as_deref();
-        let actor = Actor::default();
-        transition(
-            tx,
-            run_id,
-            &state,
-            RunStatus::Cancelled,
-            current,
-            &actor,
-            now_ms,
-        )?;
+        let tree = if cascade {
+            lock_tree(tx, run_id)?
+        } else {
+            vec![run_id.to_owned()]
+        };
+        // Deepest last in the tree's order; cancel in reverse, so that a parent is never
+        // cancelled while a child of it still runs.
+        for id in tree.iter().rev() {
+            let state = run_state(tx, id)?;
+            if state.status.is_terminal() {
+                continue;
+            }
+            cancel_running_attempts(tx, id, reason, now_ms)?;
+            let current = state.current_step_id.as_deref();
+            transition_because(
+                tx,
+                id,
+                &state,
+                RunStatus::Cancelled,
+                current,
+                reason,
+                &Actor::default(),
+                now_ms,
+            )?;
+        }
         Ok(true)
     })
+}
+
+/// The run and every run below it, each locked, parents before children. The runs below are
+/// read again once they are locked, until no new one appears: a child published while the
+/// tree was read waited on its parent's lock, and is found on the next reading.
+fn lock_tree(tx: &dyn Tx, run_id: &str) -> Result<Vec<String>> {
+    let mut locked: Vec<String> = vec![run_id.to_owned()];
+    loop {
+        let tree: Vec<String> = tx.rows(&sql::RUN_TREE_SQL, params![run_id], |r| r.get(0))?;
+        let new: Vec<&String> = tree.iter().filter(|id| !locked.contains(id)).collect();
+        if new.is_empty() {
+            return Ok(tree);
+        }
+        for id in new {
+            tx.lock_run(id)?;
+            locked.push(id.clone());
+        }
+    }
+}
+
+/// Finish every running attempt of `run_id` as `cancelled`, through the finish itself (its
+/// compare-and-set, unit projection and `unit.finished` event).
+fn cancel_running_attempts(
+    tx: &dyn Tx,
+    run_id: &str,
+    reason: Option<&str>,
+    now_ms: i64,
+) -> Result<()> {
+    let running = tx.rows(&sql::RUNNING_ATTEMPTS_SQL, params![run_id], |r| {
+        Ok(FinishSpec {
+            run_id: run_id.to_owned(),
+            unit_id: r.get(0)?,
+            attempt: r.get(1)?,
+            dispatch_id: r.get(2)?,
+            status: AttemptStatus::Cancelled.as_str().to_owned(),
+            failure_reason: Some(reason.unwrap_or("the run was abandoned").to_owned()),
+            ..FinishSpec::default()
+        })
+    })?;
+    if running.is_empty() {
+        return Ok(());
+    }
+    crate::attempts::finish_in(tx, &running, None, now_ms).map(|_| ())
 }
 
 /// Move a claimed run along its lifecycle, fenced by the claim: the controller's status change,

@@ -54,10 +54,11 @@ migrations! {
     2 "fillfactor" "0002_fillfactor.sql";
     3 "prune" "0003_prune.sql";
     4 "reads" "0004_reads.sql";
+    5 "queue" "0005_queue.sql";
 }
 
 /// The newest schema version this library knows.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// A backend's part of migrating: what cannot be said in one text for both dialects.
 #[derive(Debug)]

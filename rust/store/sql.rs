@@ -161,9 +161,28 @@ pub const START_RUN_STEP_SQL: Sql = Sql::same(
     completion, sequence_index, status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
 );
 
-pub const PUBLISH_CHILD_RUN_FIND_SQL: Sql =
-    Sql::same("SELECT run_id FROM runs WHERE parent_run_id = ?1 AND invocation_key = ?2");
-pub const PARENT_SCOPE_SQL: Sql = Sql::same("SELECT scope_key FROM runs WHERE run_id = ?1");
+pub const PUBLISH_CHILD_RUN_FIND_SQL: Sql = Sql::same(
+    "SELECT run_id, workflow_ref FROM runs WHERE parent_run_id = ?1 AND invocation_key = ?2",
+);
+pub const PARENT_SCOPE_SQL: Sql = Sql::same("SELECT scope_key, status FROM runs WHERE run_id = ?1");
+/// A run and every run below it (children, their children, ...), each with its parent, the
+/// run itself first; each level is found through `runs_parent`.
+pub const RUN_TREE_SQL: Sql = Sql::same(
+    "WITH RECURSIVE tree(run_id) AS (
+        SELECT ?1
+        UNION SELECT r.run_id FROM runs r JOIN tree t ON r.parent_run_id = t.run_id
+    )
+    SELECT run_id FROM tree",
+);
+/// The running attempts of a run: a unit's running attempt is its latest (a new attempt is
+/// made only after the last one finished, and a reclaim keeps the attempt), so the units say
+/// which, through the run's own rows.
+pub const RUNNING_ATTEMPTS_SQL: Sql = Sql::same(
+    "SELECT u.unit_id, u.attempts, a.dispatch_id FROM units u
+    JOIN attempts a ON a.run_id = u.run_id AND a.unit_id = u.unit_id AND a.attempt = u.attempts
+    WHERE u.run_id = ?1 AND u.status = 'running' AND a.status = 'running'
+    ORDER BY u.unit_id",
+);
 
 /// `%`, `_` and `\` are escaped by the caller, so the prefix matches literally.
 /// Run ids in `[?1, ?2)` in byte order (see `runs::resolve_run_id`). SQLite compares text
@@ -493,6 +512,24 @@ pub const OWNED_LEASES_SQL: Sql = Sql::same(
 
 // ------------------------------------------------------------------ queue
 
+/// The oldest queued runs for `claim_next`: ?1 the workflow names (NULL: any), ?2 how many.
+/// A range of the partial `runs_queued` index, which holds queued runs only, so the read does
+/// not grow with the runs that have moved on. PostgreSQL locks the rows it returns and skips
+/// the ones another transaction holds (`SKIP LOCKED`): concurrent claimers each get different
+/// runs without waiting; a row that stopped being queued before its lock was granted is
+/// re-checked and left out. SQLite is told the index: with few queued runs its costs prefer
+/// `runs_status_recent` and a sort, which would sort the whole backlog on every call once it
+/// is large.
+pub const NEXT_QUEUED_SQL: Sql = Sql::split(
+    "SELECT run_id FROM runs INDEXED BY runs_queued WHERE status = 'queued'
+      AND (?1 IS NULL OR workflow_name IN (SELECT value FROM json_each(?1)))
+    ORDER BY created_at, run_id LIMIT ?2",
+    "SELECT run_id FROM runs WHERE status = 'queued'
+      AND (CAST(?1 AS TEXT) IS NULL
+           OR workflow_name IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb)))
+    ORDER BY created_at, run_id COLLATE \"C\" LIMIT CAST(?2 AS BIGINT)
+    FOR UPDATE SKIP LOCKED",
+);
 pub const DEFINITION_INSERT_SQL: Sql = Sql::same(
     "INSERT INTO definitions(definition_digest,
     workflow_name, created_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",

@@ -202,7 +202,8 @@ fn an_older_database_migrates_forward_and_keeps_its_rows() {
             (1, "init".into(), 7),
             (2, "fillfactor".into(), 9),
             (3, "prune".into(), 9),
-            (4, "reads".into(), 9)
+            (4, "reads".into(), 9),
+            (5, "queue".into(), 9)
         ]
     );
     let kept: String = store

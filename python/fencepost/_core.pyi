@@ -278,6 +278,14 @@ class Ledger:
     def events(
         self, run_id: str | None, after_seq: int, limit: int, types: list[str] | None
     ) -> list[Event]: ...
+    def wait_events(
+        self,
+        run_id: str | None,
+        after_seq: int,
+        timeout_s: float,
+        types: list[str] | None,
+        limit: int,
+    ) -> list[Event]: ...
     def prune(
         self,
         *,

@@ -286,6 +286,7 @@ class AsyncLedger:
     expired_leases = _in_thread(Ledger.expired_leases)
     leases = _in_thread(Ledger.leases)
     events = _in_thread(Ledger.events)
+    wait_events = _in_thread(Ledger.wait_events)
     prune = _in_thread(Ledger.prune)
     restore = _in_thread(Ledger.restore)
     vacuum = _in_thread(Ledger.vacuum)

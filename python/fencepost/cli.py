@@ -14,7 +14,6 @@ import json
 import os
 import pathlib
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
@@ -157,8 +156,8 @@ def cmd_events(args: argparse.Namespace, out: TextIO) -> int:
     with open_existing(args.db) as ledger:
         run_id = None if args.run_prefix is None else _resolve(ledger, args.run_prefix)
         after = args.after
+        events = ledger.events(run_id, after_seq=after, limit=args.limit)
         while True:
-            events = ledger.events(run_id, after_seq=after, limit=args.limit)
             if args.json:
                 for e in events:
                     out.write(json.dumps(plain(e), ensure_ascii=False) + "\n")
@@ -174,8 +173,10 @@ def cmd_events(args: argparse.Namespace, out: TextIO) -> int:
                         f"{len(events)} events shown (--limit); more follow: --after {after}\n"
                     )
                 return EXIT_OK
-            if not events:
-                time.sleep(args.interval)
+            # Following: wake when something is committed, not on a timer.
+            events = ledger.wait_events(
+                run_id, after_seq=after, timeout_s=args.interval, limit=args.limit
+            )
 
 
 def cmd_leases(args: argparse.Namespace, out: TextIO) -> int:
@@ -388,7 +389,7 @@ def parser() -> argparse.ArgumentParser:
         "--limit", type=_page, default=1000, help="events per page (at most 10000; default 1000)"
     )
     e.add_argument("--follow", action="store_true", help="keep printing new events (Ctrl-C)")
-    e.add_argument("--interval", type=float, default=0.5, help=argparse.SUPPRESS)
+    e.add_argument("--interval", type=float, default=30.0, help=argparse.SUPPRESS)
     e.set_defaults(func=cmd_events)
 
     le = sub.add_parser("leases", parents=[common], help="the lease of every run")

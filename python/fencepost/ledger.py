@@ -693,6 +693,24 @@ class Ledger:
         wanted = _refs(types, "types")
         return self._core.events(run_id, after_seq, limit, wanted)
 
+    def wait_events(
+        self,
+        run_id: str | None = None,
+        *,
+        after_seq: int = 0,
+        timeout_s: float,
+        types: Iterable[str] | None = None,
+        limit: int = 1000,
+    ) -> list[Event]:
+        """``events(...)``, but waiting: returns as soon as a matching event with ``seq >
+        after_seq`` is committed (by this process or any other), or ``[]`` after ``timeout_s``
+        seconds. Page on with ``after_seq=`` the last ``seq`` returned. The query runs only
+        when the database says something was committed (SQLite: its ``data_version``;
+        PostgreSQL: the events' sequence), checked every 5 ms without reading a table, and at
+        least every 2 seconds; Ctrl-C interrupts the wait."""
+        wanted = _refs(types, "types")
+        return self._core.wait_events(run_id, after_seq, timeout_s, wanted, limit)
+
     # ------------------------------------------------------------------ retention
 
     def prune(

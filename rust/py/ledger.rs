@@ -33,6 +33,7 @@ use crate::writer::{Config, Op, Writer};
 
 mod call;
 mod retention;
+mod wait;
 use crate::attempts::UnitFilter;
 use crate::{attempts, blobs, events, leases, queue};
 
@@ -652,6 +653,26 @@ impl PyLedger {
         let rows = self.run(py, move |s, _| {
             events::read(s, run_id.as_deref(), after_seq, limit, types.as_deref())
         })?;
+        rows.into_iter().map(|e| records::event(py, e)).collect()
+    }
+
+    fn wait_events<'py>(
+        &self,
+        py: Python<'py>,
+        run_id: &Bound<'py, PyAny>,
+        after_seq: &Bound<'py, PyAny>,
+        timeout_s: &Bound<'py, PyAny>,
+        types: &Bound<'py, PyAny>,
+        limit: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let w = wait::Wait {
+            run_id: opt_text(run_id, "run_id")?,
+            after_seq: int(after_seq, "after_seq")?,
+            timeout: wait::timeout(timeout_s)?,
+            types: str_list(types, "types")?,
+            limit: int(limit, "limit")?,
+        };
+        let rows = self.wait_events_in(py, &w)?;
         rows.into_iter().map(|e| records::event(py, e)).collect()
     }
 

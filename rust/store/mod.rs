@@ -527,6 +527,13 @@ pub trait Store: Send {
     /// with the data beyond one pass (on SQLite, `quick_check`: no index-to-table matching),
     /// so a routine check of a large ledger takes seconds, not minutes.
     fn integrity_check(&mut self, quick: bool) -> Result<Vec<String>>;
+    /// A mark that moves whenever a transaction that may have appended events has committed,
+    /// by this connection or any other, read without touching a table: a waiter for events
+    /// compares marks and runs its query only when the mark moved. SQLite: the database's
+    /// `data_version` (other connections' commits) and this connection's own change count;
+    /// PostgreSQL: the events' sequence, which moves when an event is appended (before that
+    /// transaction commits: a waiter keeps querying for a short while after a move).
+    fn change_mark(&mut self) -> Result<(i64, i64)>;
     /// For a reader of every run's events (`events(None, ...)`): the lowest `seq` that a
     /// transaction still in flight may yet commit, read *before* the reader's snapshot, or
     /// `None` when every `seq` below the newest visible one is settled. SQLite commits one

@@ -375,6 +375,14 @@ impl Store for PgStore {
 
     /// Autovacuum normally keeps up; after a large prune this reclaims the dead rows and
     /// refreshes the planner's statistics at once. Outside any transaction, as VACUUM must be.
+    fn change_mark(&mut self) -> Result<(i64, i64)> {
+        self.ensure_connected()?;
+        let row = self.block("waiting for events", |c| {
+            c.query_one(sql::CHANGE_MARK_SQL, &[])
+        })?;
+        Ok((row.get(0), i64::from(row.get::<_, bool>(1))))
+    }
+
     fn vacuum(&mut self) -> Result<()> {
         let text = format!("VACUUM (ANALYZE) {}", sql::TABLES.join(", "));
         self.block("vacuuming the database", |c| c.batch_execute(&text))

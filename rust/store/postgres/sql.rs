@@ -314,3 +314,7 @@ pub const TABLES: [&str; 8] = [
     "leases",
     "events",
 ];
+
+/// The events' sequence as it stands, outside any transaction: one row of the sequence's own
+/// relation, however long the log. It moves when an event is appended, commit or not.
+pub const CHANGE_MARK_SQL: &str = "SELECT last_value, is_called FROM events_seq_seq";

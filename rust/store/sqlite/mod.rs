@@ -383,6 +383,15 @@ impl Store for SqliteStore {
         Ok(u64::try_from((before - after) * page).unwrap_or(0))
     }
 
+    fn change_mark(&mut self) -> Result<(i64, i64)> {
+        let version: i64 = self
+            .conn
+            .query_row("PRAGMA data_version", [], |r| r.get(0))
+            .map_err(|e| store_error("waiting for events", &self.label, &e))?;
+        let own = i64::try_from(self.conn.total_changes()).unwrap_or(i64::MAX);
+        Ok((version, own))
+    }
+
     fn vacuum(&mut self) -> Result<()> {
         // auto_vacuum changes only with the rewrite that follows it.
         self.conn

@@ -326,3 +326,101 @@ def bench_pg_dispatchers_one_run(benchmark: Any, procs: int) -> None:
         cpu_busy=out["cpu_busy"],
         per_process=out["per_process"],
     )
+
+
+# ------------------------------------------------------------------ the controller's dequeue
+
+QUEUED = 2000
+
+
+def _fencepost_taker(i: int, url: str, start: Any, queue: Any) -> None:
+    took = 0
+    with fp.Ledger.open(url) as ledger:
+        start.wait()
+        while claims := ledger.claim_next(f"ctl-{i}", lease_ms=60_000):
+            took += len(claims)
+    queue.put(took)
+
+
+def _pgqueuer_taker(i: int, url: str, schema: str, start: Any, queue: Any) -> None:
+    peer = PgQueuePeer(url, schema, synchronous_commit=False, install=False)
+    took = 0
+    try:
+        start.wait()
+        while peer.take():
+            took += 1
+    finally:
+        peer.close()
+    queue.put(took)
+
+
+def dequeue_throughput(target: Any, args: tuple[Any, ...], procs: int) -> float:
+    """Items taken per second by `procs` processes draining a queue of QUEUED, one at a time;
+    asserts every item was taken once."""
+    start = CTX.Barrier(procs + 1)
+    queue = CTX.Queue()
+    ps = [CTX.Process(target=target, args=(i, *args, start, queue)) for i in range(procs)]
+    for p in ps:
+        p.start()
+    start.wait()
+    t0 = time.monotonic()
+    took = [queue.get(timeout=300) for _ in ps]
+    wall = time.monotonic() - t0
+    for p in ps:
+        p.join(60)
+        assert p.exitcode == 0
+    assert sum(took) == QUEUED
+    return QUEUED / wall
+
+
+@pytest.mark.parametrize("procs", [1, 4, 8])
+def bench_pg_claim_next(benchmark: Any, procs: int) -> None:
+    """``claim_next(limit=1)`` by `procs` controller processes over 2 000 queued runs: each a
+    fenced claim (new generation, token hash, ``starting``, a ``lease.claimed`` event)."""
+    label(
+        benchmark,
+        "postgres: take the next queued item (N processes)",
+        f"fencepost x{procs}",
+        QUEUED,
+    )
+    with pg_schema() as schema_url:
+        url = plaintext(schema_url)
+        definition = {"steps": []}
+        with fp.Ledger.open(url) as ledger:
+            for r in range(QUEUED):
+                ledger.reserve_run(
+                    f"q{r:05d}", workflow_name="bench", workflow_ref="bench@1",
+                    source={"kind": "bench"}, definition_digest=fp.digest(definition),
+                    definition=definition, runner_id="host-0", origin_session_id="bench",
+                )  # fmt: skip
+        rate: list[float] = []
+        benchmark.pedantic(
+            lambda: rate.append(dequeue_throughput(_fencepost_taker, (url,), procs)),
+            rounds=1,
+            iterations=1,
+        )
+    benchmark.extra_info.update(items_per_s=round(rate[0]))
+
+
+@pytest.mark.parametrize("procs", [1, 4, 8])
+def bench_pg_pgqueuer_dequeue(benchmark: Any, procs: int) -> None:
+    """pgqueuer's ``dequeue(batch_size=1)`` by `procs` worker processes over 2 000 jobs (each
+    job moved to ``picked`` with a log row; ``synchronous_commit`` off, as fencepost's default
+    durability sets it)."""
+    label(
+        benchmark, "postgres: take the next queued item (N processes)", f"pgqueuer x{procs}", QUEUED
+    )
+    url = pg_url()
+    schema = f"bench_deq_{os.getpid()}_{procs}"
+    owner = PgQueuePeer(url, schema, synchronous_commit=False)
+    try:
+        owner.enqueue_many(QUEUED)
+        rate: list[float] = []
+        benchmark.pedantic(
+            lambda: rate.append(dequeue_throughput(_pgqueuer_taker, (url, schema), procs)),
+            rounds=1,
+            iterations=1,
+        )
+    finally:
+        owner.close()
+    benchmark.extra_info.update(items_per_s=round(rate[0]))

@@ -83,15 +83,20 @@ class PgQueuePeer:
 
     name: str
 
-    def __init__(self, url: str, schema: str, *, synchronous_commit: bool = True) -> None:
+    def __init__(
+        self, url: str, schema: str, *, synchronous_commit: bool = True, install: bool = True
+    ) -> None:
         """Install pgqueuer into the fresh schema ``schema`` (dropped first if a crashed run left
         it). ``synchronous_commit=False`` sets that server setting off for this connection, the
         server-side counterpart of a ledger that does not fsync every commit; the default waits
-        for the WAL flush on every commit, like fencepost's ``durability="full"``."""
+        for the WAL flush on every commit, like fencepost's ``durability="full"``.
+        ``install=False`` joins a schema another peer installed (one worker process of
+        several): nothing is created, and ``close`` leaves the schema to its installer."""
         if not _SCHEMA_RE.fullmatch(schema) or schema in ("public", "pg_catalog"):
             raise ValueError(f"schema must be a fresh lowercase identifier, not {schema!r}")
         self.name = f"pgqueuer {version('pgqueuer')}"
         self.schema = schema
+        self._owns_schema = install
         self._loop = asyncio.new_event_loop()
         self._conn: asyncpg.Connection | None = None
         try:
@@ -109,7 +114,8 @@ class PgQueuePeer:
                 )
             )
             # A leftover schema from a crashed run would make install fail half-way.
-            self._run(self._conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            if install:
+                self._run(self._conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
             # Explicit, so stray PGQUEUER_* environment variables cannot change what is timed:
             # "durable" (pgqueuer's default) keeps every table LOGGED, i.e. WAL-backed. NOTIFY
             # channels are database-wide, not per schema, so the channel is named after the
@@ -127,7 +133,8 @@ class PgQueuePeer:
                 qbs=QuerySchedulerBuilder(settings),
             )
             # Library install: CREATE SCHEMA, enum, tables, indexes, trigger, function.
-            self._run(self._queries.install(create_schema=True))
+            if install:
+                self._run(self._queries.install(create_schema=True))
         except BaseException:
             self.close()
             raise
@@ -169,6 +176,21 @@ class PgQueuePeer:
             await self._queries.log_jobs([(job, "successful", None) for job in jobs])
             left -= len(jobs)
 
+    def enqueue_many(self, n: int) -> None:
+        """n jobs, enqueued 1000 at a time by the list form of ``enqueue``."""
+
+        async def go() -> None:
+            for start in range(0, n, MAX_DEQUEUE_BATCH):
+                k = min(MAX_DEQUEUE_BATCH, n - start)
+                await self._queries.enqueue([ENTRYPOINT] * k, [PAYLOAD] * k, [0] * k)
+
+        self._run(go())
+
+    def take(self) -> int:
+        """One worker's pick: ``dequeue(batch_size=1)`` (the job claimed, ``picked``); the
+        number of jobs it got (0 when the queue is drained)."""
+        return len(self._run(self._dequeue(1)))
+
     def cycle(self, n: int) -> None:
         """n jobs, one at a time: enqueue one (INSERT), dequeue it (claim one), complete it
         (log_jobs with one entry): three autocommit statements and three round trips per job."""
@@ -199,7 +221,8 @@ class PgQueuePeer:
             return
         try:
             if self._conn is not None and not self._conn.is_closed():
-                self._run(self._conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE"))
+                if self._owns_schema:
+                    self._run(self._conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE"))
                 self._run(self._conn.close())
         finally:
             self._conn = None

@@ -12,7 +12,7 @@ use crate::attempts::FinishSpec;
 use crate::blobs;
 use crate::canonical::{Json, Value};
 use crate::errors::{LedgerError, Result};
-use crate::events::{self, Actor};
+use crate::events::{self, json_array, Actor};
 use crate::ids::check_prose;
 use crate::leases::{self, Fence};
 use crate::model::Run;
@@ -304,7 +304,13 @@ pub fn abandon_run(
 fn lock_tree(tx: &dyn Tx, run_id: &str) -> Result<Vec<String>> {
     let mut locked: Vec<String> = vec![run_id.to_owned()];
     loop {
-        let tree: Vec<String> = tx.rows(&sql::RUN_TREE_SQL, params![run_id], |r| r.get(0))?;
+        let mut tree: Vec<(String, i64)> = tx.rows(
+            &crate::retention::sql::TREE_SQL,
+            params![json_array(&[run_id.to_owned()])],
+            |r| Ok((r.get(1)?, r.get(2)?)),
+        )?;
+        tree.sort_by_key(|(_, depth)| *depth);
+        let tree: Vec<String> = tree.into_iter().map(|(id, _)| id).collect();
         let new: Vec<&String> = tree.iter().filter(|id| !locked.contains(id)).collect();
         if new.is_empty() {
             return Ok(tree);

@@ -165,15 +165,6 @@ pub const PUBLISH_CHILD_RUN_FIND_SQL: Sql = Sql::same(
     "SELECT run_id, workflow_ref FROM runs WHERE parent_run_id = ?1 AND invocation_key = ?2",
 );
 pub const PARENT_SCOPE_SQL: Sql = Sql::same("SELECT scope_key, status FROM runs WHERE run_id = ?1");
-/// A run and every run below it (children, their children, ...), each with its parent, the
-/// run itself first; each level is found through `runs_parent`.
-pub const RUN_TREE_SQL: Sql = Sql::same(
-    "WITH RECURSIVE tree(run_id) AS (
-        SELECT ?1
-        UNION SELECT r.run_id FROM runs r JOIN tree t ON r.parent_run_id = t.run_id
-    )
-    SELECT run_id FROM tree",
-);
 /// The running attempts of a run: a unit's running attempt is its latest (a new attempt is
 /// made only after the last one finished, and a reclaim keeps the attempt), so the units say
 /// which, through the run's own rows.

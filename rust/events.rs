@@ -50,8 +50,21 @@ pub fn append(
     )
 }
 
-/// The largest page `list` returns.
+/// The largest page a read returns (events, runs, units).
 pub const MAX_PAGE: i64 = 10_000;
+
+/// Refuse a page size outside 1..=[`MAX_PAGE`], naming `limit`; `read_on` ends the message
+/// with how to ask for more.
+pub(crate) fn check_page(limit: i64, read_on: &str) -> Result<()> {
+    if (1..=MAX_PAGE).contains(&limit) {
+        Ok(())
+    } else {
+        Err(LedgerError::invalid(
+            "limit",
+            format!("must be from 1 to {MAX_PAGE}, not {limit}{read_on}"),
+        ))
+    }
+}
 
 /// Events after `after_seq`, optionally of one resource and of some types, oldest first.
 fn list(
@@ -62,12 +75,7 @@ fn list(
     types: Option<&[String]>,
     horizon: Option<i64>,
 ) -> Result<Vec<Event>> {
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(LedgerError::invalid(
-            "limit",
-            format!("must be from 1 to {MAX_PAGE}, not {limit}"),
-        ));
-    }
+    check_page(limit, "")?;
     if after_seq < 0 {
         return Err(LedgerError::invalid(
             "after_seq",

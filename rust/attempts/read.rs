@@ -3,7 +3,7 @@
 use crate::params;
 
 use crate::errors::{LedgerError, Result};
-use crate::events::MAX_PAGE;
+use crate::events::check_page;
 use crate::model::{Accounting, Attempt, Unit};
 use crate::status::{run_state, UnitStatus};
 use crate::store::{sql, DbResult, Row, Store};
@@ -78,12 +78,7 @@ impl UnitFilter {
 /// change), so a cursor stays valid while the run goes on.
 pub fn units(store: &mut dyn Store, f: &UnitFilter) -> Result<Vec<Unit>> {
     if let Some(limit) = f.limit {
-        if !(1..=MAX_PAGE).contains(&limit) {
-            return Err(LedgerError::invalid(
-                "limit",
-                format!("must be from 1 to {MAX_PAGE}, not {limit}; page on with after="),
-            ));
-        }
+        check_page(limit, "; page on with after=")?;
     }
     let status = match &f.status {
         Some(s) => Some(UnitStatus::parse_argument("status", s)?),

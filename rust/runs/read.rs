@@ -146,15 +146,7 @@ fn recency(run: &Run) -> (i64, i64, &[u8]) {
 /// Runs, most recently updated first; a page of them with `limit` and `after`.
 pub fn list_runs(store: &mut dyn Store, f: &RunFilter) -> Result<Vec<Run>> {
     if let Some(limit) = f.limit {
-        if !(1..=crate::events::MAX_PAGE).contains(&limit) {
-            return Err(LedgerError::invalid(
-                "limit",
-                format!(
-                    "must be from 1 to {}, not {limit}; page on with after=",
-                    crate::events::MAX_PAGE
-                ),
-            ));
-        }
+        crate::events::check_page(limit, "; page on with after=")?;
     }
     let mut statuses = match &f.statuses {
         None => None,

@@ -348,22 +348,16 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
             check_name("workflow_names", name)?;
         }
     }
-    // Every claim's token is drawn before the transaction, so one run again after contention
-    // hands out the same tokens.
-    let mut specs = vec![ClaimSpec::new(
+    // The arguments (and a caller's token) are checked before the transaction; the tokens of
+    // the other claims are drawn for the runs found, not `limit` of them on every call (an
+    // idle controller polling with a large limit finds none). A transaction run again after
+    // contention draws new ones: nothing of the rolled-back run was handed out.
+    let first = ClaimSpec::new(
         req.runner_id.clone(),
         req.lease_ms,
         req.token.clone(),
         "token",
-    )?];
-    for _ in 1..req.limit {
-        specs.push(ClaimSpec::new(
-            req.runner_id.clone(),
-            req.lease_ms,
-            None,
-            "token",
-        )?);
-    }
+    )?;
     let names = req.workflow_names.as_deref().map(events::json_array);
     store.write("claiming the next queued runs", |tx| {
         let queued: Vec<String> =
@@ -371,7 +365,7 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
                 r.get(0)
             })?;
         let mut claims = Vec::with_capacity(queued.len());
-        for (run_id, spec) in queued.iter().zip(&specs) {
+        for (i, run_id) in queued.iter().enumerate() {
             // Already held by this transaction on PostgreSQL (the read locked it); on SQLite the
             // write lock covers it. The status is read again under the lock all the same.
             tx.lock_run(run_id)?;
@@ -379,6 +373,13 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
             if state != RunStatus::Queued {
                 continue;
             }
+            let drawn;
+            let spec = if i == 0 {
+                &first
+            } else {
+                drawn = ClaimSpec::new(req.runner_id.clone(), req.lease_ms, None, "token")?;
+                &drawn
+            };
             if let Some(claim) = leases::claim_in(tx, run_id, state, spec, now_ms)? {
                 claims.push(claim);
             }

@@ -54,12 +54,12 @@ conformance!(
 );
 
 mod group;
-mod plans;
+pub(crate) mod plans;
 mod reads;
 mod retention;
 use group::{a_failing_call_keeps_its_neighbours, group_matches_one_by_one};
 
-const T0: i64 = 1_700_000_000_000;
+pub(crate) const T0: i64 = 1_700_000_000_000;
 const LEASE_MS: i64 = 60_000;
 
 fn json(text: &str) -> Json {
@@ -67,7 +67,7 @@ fn json(text: &str) -> Json {
 }
 
 /// An active run with steps `a` and `b`, outside any scope guard.
-fn started(store: &mut dyn Store, run_id: &str) -> Run {
+pub(crate) fn started(store: &mut dyn Store, run_id: &str) -> Run {
     let step = |id: &str| StepSpec {
         id: id.into(),
         title: String::new(),

@@ -71,7 +71,7 @@ pub(super) fn analyze(store: &mut dyn Store) {
 }
 
 /// The plan the backend makes for `statement` with `params`, one line per node.
-pub(super) fn plan(store: &mut dyn Store, statement: &Sql, params: &[&dyn ToSql]) -> String {
+pub(crate) fn plan(store: &mut dyn Store, statement: &Sql, params: &[&dyn ToSql]) -> String {
     plan_after(store, None, statement, params)
 }
 

@@ -7,14 +7,13 @@
 
 use super::sql;
 use crate::attempts::{self, FinishSpec, UnitSpec};
+use crate::conformance::{started, T0};
 use crate::leases::{self, ClaimSpec, Fence};
 use crate::model::Reservation;
 use crate::params;
-use crate::runs::{self, NewRun, StepSpec};
 use crate::store::testing::postgres_fresh;
 use crate::store::{self as store_mod, Sql, Store, ToSql};
 
-const T0: i64 = 1_700_000_000_000;
 const LEASE_MS: i64 = 60_000;
 /// Runs started, each claimed (one lease row each).
 const RUNS: usize = 600;
@@ -34,23 +33,6 @@ fn never_analyze(store: &mut dyn Store) {
             Ok(())
         })
         .expect("autovacuum off");
-}
-
-fn started(store: &mut dyn Store, run_id: &str) {
-    let step = |id: &str| StepSpec {
-        id: id.into(),
-        title: String::new(),
-        instructions: String::new(),
-        completion: None,
-    };
-    let req = NewRun {
-        workflow_ref: "wf".into(),
-        steps: vec![step("a")],
-        run_id: Some(run_id.into()),
-        force: true,
-        ..NewRun::default()
-    };
-    runs::start_run(store, &req, T0).expect("start_run");
 }
 
 fn unit(unit_id: String) -> UnitSpec {
@@ -91,13 +73,8 @@ fn cycle(store: &mut dyn Store, run_id: &str, prefix: &str, count: usize, per_ca
 
 /// The plan PostgreSQL makes for `text` with `params`, one line per node.
 fn plan(store: &mut dyn Store, text: &str, params: &[&dyn ToSql]) -> String {
-    let explain = Sql::native(Box::leak(format!("EXPLAIN {text}").into_boxed_str()));
-    store
-        .read("explaining", |tx| {
-            tx.rows(&explain, params, |r| r.get::<String>(0))
-        })
-        .expect("explain")
-        .join("\n")
+    let statement = Sql::native(Box::leak(text.to_owned().into_boxed_str()));
+    crate::conformance::plans::plan(store, &statement, params)
 }
 
 /// How many rows `index` has read since the server started counting, as seen after this

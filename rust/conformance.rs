@@ -51,13 +51,17 @@ conformance!(
     the_operations_move_runs_along_the_lifecycle,
     group_matches_one_by_one,
     a_failing_call_keeps_its_neighbours,
+    claim_next_writes_what_claims_write,
+    a_queued_run_without_a_lease_row_is_claimed,
 );
 
 mod group;
+mod next;
 pub(crate) mod plans;
 mod reads;
 mod retention;
 use group::{a_failing_call_keeps_its_neighbours, group_matches_one_by_one};
+use next::{a_queued_run_without_a_lease_row_is_claimed, claim_next_writes_what_claims_write};
 
 pub(crate) const T0: i64 = 1_700_000_000_000;
 const LEASE_MS: i64 = 60_000;

@@ -292,11 +292,83 @@ impl ClaimSpec {
     }
 }
 
+/// A claim decided on a lease as read: what the compare-and-set writes, the `lease.claimed`
+/// event's payload and actor, and the claim the caller gets back.
+pub(crate) struct Decided {
+    /// The generation the lease was read at (the compare-and-set's condition).
+    pub previous: i64,
+    /// `host` or `session`, from the runner id.
+    pub owner_type: &'static str,
+    /// The new token's hash.
+    pub token_hash: String,
+    /// The `lease.claimed` payload.
+    pub payload: Value,
+    /// The claim, at generation `previous + 1`.
+    pub claim: Claim,
+}
+
+impl Decided {
+    /// The actor of the claim's event: the new owner at the new generation.
+    pub fn actor(&self) -> Actor<'static> {
+        Actor {
+            actor_type: Some(self.owner_type),
+            id: Some(self.claim.owner_id.clone()),
+            generation: Some(self.claim.generation),
+        }
+    }
+}
+
+/// Decide a claim of `current` (the lease as read, its run in `status`): `None` while another
+/// owner's lease is unexpired. The same runner re-claiming its own live lease gets a new
+/// generation too: processes can share a runner id, and the re-claim must cut off whichever of
+/// them held the old token, or both would keep writing. A `queued` run moves to `starting`, and
+/// the payload says so.
+pub(crate) fn decide(
+    current: &Lease,
+    status: RunStatus,
+    spec: &ClaimSpec,
+    now_ms: i64,
+) -> Result<Option<Decided>> {
+    let held_by_other = current
+        .owner_id
+        .as_deref()
+        .is_some_and(|o| o != spec.runner_id)
+        && current.expires_at.is_some_and(|e| e > now_ms);
+    if held_by_other {
+        return Ok(None);
+    }
+    let expires_at = now_ms.saturating_add(spec.lease_ms);
+    let generation = current.generation + 1;
+    let mut payload = vec![
+        ("expires_at".into(), Value::Int(expires_at)),
+        ("generation".into(), Value::Int(generation)),
+        ("owner_id".into(), Value::Str(spec.runner_id.clone())),
+    ];
+    if status == RunStatus::Queued {
+        status.check_move(RunStatus::Starting)?;
+        payload.push((
+            "status".into(),
+            Value::Str(RunStatus::Starting.as_str().into()),
+        ));
+    }
+    Ok(Some(Decided {
+        previous: current.generation,
+        owner_type: owner_type(&spec.runner_id),
+        token_hash: hash_token(&spec.token),
+        payload: Value::Object(payload),
+        claim: Claim {
+            run_id: current.run_id.clone(),
+            generation,
+            token: spec.token.clone(),
+            owner_id: spec.runner_id.clone(),
+            expires_at,
+        },
+    }))
+}
+
 /// Claim the lease of a run known to exist and not be terminal, inside the caller's
-/// transaction. `None` while another owner's lease is unexpired. The same runner re-claiming
-/// its own live lease gets a new generation too: processes can share a runner id, and the
-/// re-claim must cut off whichever of them held the old token, or both would keep writing.
-/// `status` is the run's status, moved from `queued` to `starting` by the claim.
+/// transaction (see [`decide`]). `None` while another owner's lease is unexpired. `status` is
+/// the run's status, moved from `queued` to `starting` by the claim.
 pub(crate) fn claim_in(
     tx: &dyn Tx,
     run_id: &str,
@@ -313,65 +385,36 @@ pub(crate) fn claim_in(
         tx.exec_later(&sql::CREATE_LEASE_SQL, params![run_id])?;
         read(tx, run_id)?
     };
-    let held_by_other = current
-        .owner_id
-        .as_deref()
-        .is_some_and(|o| o != spec.runner_id)
-        && current.expires_at.is_some_and(|e| e > now_ms);
-    if held_by_other {
+    let Some(decided) = decide(&current, status, spec, now_ms)? else {
         return Ok(None);
-    }
-    let expires_at = now_ms.saturating_add(spec.lease_ms);
-    let owner_type = owner_type(&spec.runner_id);
+    };
     let changed = tx.exec(
         &sql::CLAIM_SQL,
         params![
             run_id,
-            current.generation,
-            owner_type,
+            decided.previous,
+            decided.owner_type,
             spec.runner_id,
-            hash_token(&spec.token),
+            decided.token_hash,
             now_ms,
-            expires_at
+            decided.claim.expires_at
         ],
     )?;
     if changed != 1 {
         return Ok(None);
     }
-    let generation = current.generation + 1;
-    let mut payload = vec![
-        ("expires_at".into(), Value::Int(expires_at)),
-        ("generation".into(), Value::Int(generation)),
-        ("owner_id".into(), Value::Str(spec.runner_id.clone())),
-    ];
     if status == RunStatus::Queued {
-        status.check_move(RunStatus::Starting)?;
         tx.exec_later(&sql::CLAIM_STARTING_SQL, params![run_id, now_ms])?;
-        payload.push((
-            "status".into(),
-            Value::Str(RunStatus::Starting.as_str().into()),
-        ));
     }
-    let actor = Actor {
-        actor_type: Some(owner_type),
-        id: Some(spec.runner_id.clone()),
-        generation: Some(generation),
-    };
     events::append(
         tx,
         run_id,
         "lease.claimed",
-        &Value::Object(payload),
-        &actor,
+        &decided.payload,
+        &decided.actor(),
         now_ms,
     )?;
-    Ok(Some(Claim {
-        run_id: run_id.to_owned(),
-        generation,
-        token: spec.token.clone(),
-        owner_id: spec.runner_id.clone(),
-        expires_at,
-    }))
+    Ok(Some(decided.claim))
 }
 
 /// The fenced statement itself (its WHERE repeats the fence) must have changed the one lease

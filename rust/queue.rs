@@ -10,13 +10,14 @@
 
 use crate::params;
 
+use crate::attempts::write_rows;
 use crate::blobs;
-use crate::canonical::{Json, Value};
+use crate::canonical::{into_text, to_vec, Json, Value};
 use crate::errors::{LedgerError, Result};
 use crate::events::{self, Actor};
 use crate::ids::{check_name, check_run_id};
 use crate::leases::{self, ClaimSpec};
-use crate::model::{Claim, Run};
+use crate::model::{Claim, Lease, Run};
 use crate::runs;
 use crate::status::RunStatus;
 use crate::store::{sql, Store, Tx};
@@ -360,19 +361,26 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
     )?;
     let names = req.workflow_names.as_deref().map(events::json_array);
     store.write("claiming the next queued runs", |tx| {
-        let queued: Vec<String> =
+        let found: Vec<(String, Option<Lease>)> =
             tx.rows(&sql::NEXT_QUEUED_SQL, params![names, req.limit], |r| {
-                r.get(0)
+                let run_id: String = r.get(0)?;
+                let lease = match r.get::<Option<i64>>(1)? {
+                    Some(generation) => Some(Lease {
+                        run_id: run_id.clone(),
+                        generation,
+                        owner_id: r.get(2)?,
+                        owner_type: None,
+                        expires_at: r.get(3)?,
+                        heartbeat_at: None,
+                    }),
+                    None => None,
+                };
+                Ok((run_id, lease))
             })?;
-        let mut claims = Vec::with_capacity(queued.len());
-        for (i, run_id) in queued.iter().enumerate() {
-            // Already held by this transaction on PostgreSQL (the read locked it); on SQLite the
-            // write lock covers it. The status is read again under the lock all the same.
-            tx.lock_run(run_id)?;
-            let state = crate::status::run_state(tx, run_id)?.status;
-            if state != RunStatus::Queued {
-                continue;
-            }
+        let batch = tx.batch_statements();
+        let mut claims = Vec::with_capacity(found.len());
+        let mut rows = Vec::new();
+        for (i, (run_id, lease)) in found.iter().enumerate() {
             let drawn;
             let spec = if i == 0 {
                 &first
@@ -380,10 +388,56 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
                 drawn = ClaimSpec::new(req.runner_id.clone(), req.lease_ms, None, "token")?;
                 &drawn
             };
+            // PostgreSQL: the read locked the run and read its lease (current, see
+            // `NEXT_QUEUED_SQL`), so the claim is decided here and written with the others by
+            // one statement that rides with the commit.
+            if let (Some(_), Some(lease)) = (batch, lease) {
+                tx.mark_run_locked(run_id)?;
+                if let Some(decided) = leases::decide(lease, RunStatus::Queued, spec, now_ms)? {
+                    rows.push(claim_row(&decided, rows.len(), now_ms));
+                    claims.push(decided.claim);
+                }
+                continue;
+            }
+            // SQLite, where a statement costs no round trip, and a run without a lease row: the
+            // one-by-one claim, the status read again under the lock.
+            tx.lock_run(run_id)?;
+            let state = crate::status::run_state(tx, run_id)?.status;
+            if state != RunStatus::Queued {
+                continue;
+            }
             if let Some(claim) = leases::claim_in(tx, run_id, state, spec, now_ms)? {
                 claims.push(claim);
             }
         }
+        if let Some(batch) = batch {
+            write_rows(tx, &batch.claim_group, rows)?;
+        }
         Ok(claims)
     })
+}
+
+/// One row of the claim group statement (`BatchStatements::claim_group`).
+fn claim_row(decided: &leases::Decided, ord: usize, now_ms: i64) -> Value {
+    Value::Object(vec![
+        (
+            "actor_id".into(),
+            Value::Str(decided.claim.owner_id.clone()),
+        ),
+        ("actor_type".into(), Value::Str(decided.owner_type.into())),
+        ("expires_at".into(), Value::Int(decided.claim.expires_at)),
+        ("generation".into(), Value::Int(decided.claim.generation)),
+        (
+            "ord".into(),
+            Value::Int(i64::try_from(ord).unwrap_or(i64::MAX) + 1),
+        ),
+        (
+            "payload".into(),
+            Value::Str(into_text(to_vec(&decided.payload))),
+        ),
+        ("previous".into(), Value::Int(decided.previous)),
+        ("run_id".into(), Value::Str(decided.claim.run_id.clone())),
+        ("token_hash".into(), Value::Str(decided.token_hash.clone())),
+        ("ts".into(), Value::Int(now_ms)),
+    ])
 }

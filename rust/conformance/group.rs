@@ -15,7 +15,7 @@ use crate::writer::{run_group, Op, Outcome, Output};
 use crate::{events, store};
 
 /// A second empty ledger on the same backend as `store`, and what keeps it alive.
-fn twin(store: &mut dyn Store) -> (Box<dyn Store>, Box<dyn std::any::Any>) {
+pub(super) fn twin(store: &mut dyn Store) -> (Box<dyn Store>, Box<dyn std::any::Any>) {
     let backend = store.pragmas().expect("pragmas").journal_mode;
     if backend == "postgresql" {
         #[cfg(feature = "postgres")]
@@ -56,7 +56,7 @@ fn prepare(store: &mut dyn Store, setup: &[Op]) -> (Fence, Fence) {
 
 /// Everything the calls can have written on `runs`: per run, its events (without the global cursor,
 /// which a rolled-back insert may have advanced on PostgreSQL), units, attempts and lease.
-fn rows_of(store: &mut dyn Store, runs: &[&str]) -> Vec<String> {
+pub(super) fn rows_of(store: &mut dyn Store, runs: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
     for &run in runs {
         let evs: Vec<Event> = events::read(store, Some(run), 0, 1000, None).expect("events");

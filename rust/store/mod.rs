@@ -162,6 +162,9 @@ pub struct BatchStatements {
     pub finish_group: Sql,
     /// Every renewed lease of a group, one row per run.
     pub heartbeat_group: Sql,
+    /// Every claim of a `claim_next`, one row per run: the leases' compare-and-set, the
+    /// queued runs moved to `starting`, and the `lease.claimed` events.
+    pub claim_group: Sql,
 }
 
 /// A bound parameter or a read column, in the four shapes the ledger stores: every integer is
@@ -373,6 +376,10 @@ pub trait Tx {
     /// here, so writes on one run are serialized and writes on different runs never wait for
     /// each other. SQLite's IMMEDIATE transaction already holds the one write lock: a no-op.
     fn lock_run(&self, run_id: &str) -> Result<()>;
+    /// Record the run's row lock as held: a statement of this transaction already took it (a
+    /// `FOR UPDATE` read), so [`Tx::lock_run`] need not send another. Whatever else the first
+    /// lock of a transaction brings with it is still done. A no-op on SQLite.
+    fn mark_run_locked(&self, run_id: &str) -> Result<()>;
     /// The set-based batch statements, if this transaction pays a round trip per statement
     /// (PostgreSQL): an operation on many rows then writes them with one statement instead of
     /// one per row. `None` where a statement is an in-process call (SQLite): there the

@@ -503,23 +503,40 @@ pub const OWNED_LEASES_SQL: Sql = Sql::same(
 
 // ------------------------------------------------------------------ queue
 
-/// The oldest queued runs for `claim_next`: ?1 the workflow names (NULL: any), ?2 how many.
+/// The oldest queued runs for `claim_next`, each with its lease's generation, owner and expiry
+/// (NULL when the run has no lease row): ?1 the workflow names (NULL: any), ?2 how many.
 /// A range of the partial `runs_queued` index, which holds queued runs only, so the read does
-/// not grow with the runs that have moved on. PostgreSQL locks the rows it returns and skips
-/// the ones another transaction holds (`SKIP LOCKED`): concurrent claimers each get different
-/// runs without waiting; a row that stopped being queued before its lock was granted is
-/// re-checked and left out. SQLite is told the index: with few queued runs its costs prefer
-/// `runs_status_recent` and a sort, which would sort the whole backlog on every call once it
-/// is large.
+/// not grow with the runs that have moved on; each lease is a primary-key probe.
+///
+/// PostgreSQL locks the runs it returns and skips the ones another transaction holds
+/// (`SKIP LOCKED`): concurrent claimers each get different runs without waiting, and a run that
+/// stopped being queued before its lock was granted is re-checked and left out. The lease read
+/// beside it is current too: a queued run's lease is only ever written together with its run
+/// leaving `queued` (a claim moves it to `starting`), so a lease that changed after this
+/// statement's snapshot comes with a run row the re-check drops. The lock is taken in a
+/// materialized CTE and the leases are read by a `LATERAL` probe per run (see the batch
+/// statements in `store/postgres/sql.rs`: a plain join may be planned as a hash join over all
+/// leases on tables not analyzed yet).
+///
+/// SQLite is told the index: with few queued runs its costs prefer `runs_status_recent` and a
+/// sort, which would sort the whole backlog on every call once it is large.
 pub const NEXT_QUEUED_SQL: Sql = Sql::split(
-    "SELECT run_id FROM runs INDEXED BY runs_queued WHERE status = 'queued'
-      AND (?1 IS NULL OR workflow_name IN (SELECT value FROM json_each(?1)))
-    ORDER BY created_at, run_id LIMIT ?2",
-    "SELECT run_id FROM runs WHERE status = 'queued'
-      AND (CAST(?1 AS TEXT) IS NULL
-           OR workflow_name IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb)))
-    ORDER BY created_at, run_id COLLATE \"C\" LIMIT CAST(?2 AS BIGINT)
-    FOR UPDATE SKIP LOCKED",
+    "SELECT r.run_id, l.generation, l.owner_id, l.expires_at
+    FROM runs r INDEXED BY runs_queued LEFT JOIN leases l ON l.resource_id = r.run_id
+    WHERE r.status = 'queued'
+      AND (?1 IS NULL OR r.workflow_name IN (SELECT value FROM json_each(?1)))
+    ORDER BY r.created_at, r.run_id LIMIT ?2",
+    "WITH q AS MATERIALIZED (
+        SELECT run_id, created_at FROM runs WHERE status = 'queued'
+          AND (CAST(?1 AS TEXT) IS NULL
+               OR workflow_name IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb)))
+        ORDER BY created_at, run_id COLLATE \"C\" LIMIT CAST(?2 AS BIGINT)
+        FOR UPDATE SKIP LOCKED)
+    SELECT q.run_id, l.generation, l.owner_id, l.expires_at FROM q
+    LEFT JOIN LATERAL (
+        SELECT generation, owner_id, expires_at FROM leases
+        WHERE resource_id = q.run_id OFFSET 0) l ON TRUE
+    ORDER BY q.created_at, q.run_id COLLATE \"C\"",
 );
 pub const DEFINITION_INSERT_SQL: Sql = Sql::same(
     "INSERT INTO definitions(definition_digest,

@@ -59,6 +59,7 @@ pub static BATCH: BatchStatements = BatchStatements {
     reserve_group: Sql::native(RESERVE_GROUP_SQL),
     finish_group: Sql::native(FINISH_GROUP_SQL),
     heartbeat_group: Sql::native(HEARTBEAT_GROUP_SQL),
+    claim_group: Sql::native(CLAIM_GROUP_SQL),
 };
 
 /// The latest attempt of each of a batch's units (PostgreSQL batch path).
@@ -283,6 +284,47 @@ pub const HEARTBEAT_GROUP_SQL: &str = concat!(
         RETURNING 1
     ) ",
     counts_or_fail!("(SELECT count(*) FROM h) = CAST(?2 AS BIGINT)")
+);
+
+/// Every claim of a `claim_next` in one statement, one row per run, written as the one-by-one
+/// statements write a claim: the lease's compare-and-set from the generation the caller read
+/// (`previous`) to the next, the queued run moved to `starting`, and a `lease.claimed` event.
+/// The runs' row locks are held (the read that found them took them), and every writer of a
+/// lease holds its run's lock, so the rows and their `ctid`s stay as read; found by a probe per
+/// row and updated by `ctid` (see [`HEARTBEAT_GROUP_SQL`]). Each part must write exactly the
+/// rows sent, or the transaction fails (see `counts_or_fail`), so the statement rides with the
+/// commit and the claim costs one round trip after the read.
+pub const CLAIM_GROUP_SQL: &str = concat!(
+    "WITH x AS (
+        SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
+            run_id TEXT, previous BIGINT, generation BIGINT, actor_type TEXT, actor_id TEXT,
+            token_hash TEXT, expires_at BIGINT, payload TEXT, ts BIGINT, ord BIGINT)
+    ), cl AS (
+        SELECT x.*, l.tid FROM x CROSS JOIN LATERAL (
+            SELECT ctid AS tid FROM leases
+            WHERE resource_id = x.run_id AND generation = x.previous
+            OFFSET 0) l
+    ), c AS (
+        UPDATE leases l SET generation = cl.generation, owner_type = cl.actor_type,
+            owner_id = cl.actor_id, token_hash = cl.token_hash, acquired_at = cl.ts,
+            heartbeat_at = cl.ts, expires_at = cl.expires_at
+        FROM cl WHERE l.ctid = cl.tid
+        RETURNING 1
+    ), sr AS (
+        SELECT x.ts, r.tid FROM x CROSS JOIN LATERAL (
+            SELECT ctid AS tid FROM runs WHERE run_id = x.run_id AND status = 'queued'
+            OFFSET 0) r
+    ), s AS (
+        UPDATE runs r SET status = 'starting', updated_at = sr.ts
+        FROM sr WHERE r.ctid = sr.tid
+        RETURNING 1
+    ",
+    group_events!("lease.claimed"),
+    counts_or_fail!(
+        "(SELECT count(*) FROM c) = CAST(?2 AS BIGINT)
+        AND (SELECT count(*) FROM s) = CAST(?2 AS BIGINT)
+        AND (SELECT count(*) FROM e) = CAST(?2 AS BIGINT)"
+    )
 );
 
 // ------------------------------------------------------------------ opening and migrating

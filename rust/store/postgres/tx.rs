@@ -53,6 +53,24 @@ pub(super) struct Tx<'a> {
 }
 
 impl<'a> Tx<'a> {
+    /// Whether the transaction already holds `run_id`'s lock. When it holds none yet, the
+    /// lock about to be taken is its first: every write that appends events locks a run first,
+    /// so the first run lock also puts down the transaction's floor for the global event cursor,
+    /// before any `seq` is allocated (see `sql::EVENT_FLOOR_LOCK_SQL`). Queued, so it costs no
+    /// round trip.
+    fn held(&self, run_id: &str) -> Result<bool> {
+        let locked = self.locked.borrow();
+        if locked.iter().any(|r| r == run_id) {
+            return Ok(true);
+        }
+        if locked.is_empty() {
+            drop(locked);
+            self.defer_text(sql::EVENT_FLOOR_LOCK_SQL, crate::params![])
+                .map_err(|e| crate::store::Tx::fail(self, &e))?;
+        }
+        Ok(false)
+    }
+
     /// A transaction of operation `op` that begins with `begin` (queued, not sent yet), and
     /// with `replan`, discards the session's cached plans first thing inside it.
     pub(super) fn new(
@@ -281,19 +299,19 @@ impl crate::store::Tx for Tx<'_> {
     /// Queued, not sent: the lock goes out with the operation's first read, in the same round
     /// trip and ahead of it (so that read sees the previous writer's commit).
     fn lock_run(&self, run_id: &str) -> Result<()> {
-        if self.locked.borrow().iter().any(|r| r == run_id) {
+        if self.held(run_id)? {
             return Ok(());
-        }
-        // Every write that appends events locks a run first, so the first run lock of a
-        // transaction also puts down its floor for the global event cursor — before any `seq`
-        // is allocated (see `sql::EVENT_FLOOR_LOCK_SQL`). Queued, so it costs no round trip.
-        if self.locked.borrow().is_empty() {
-            self.defer_text(sql::EVENT_FLOOR_LOCK_SQL, crate::params![])
-                .map_err(|e| crate::store::Tx::fail(self, &e))?;
         }
         self.defer_text(sql::LOCK_RUN_SQL, crate::params![run_id])
             .map_err(|e| crate::store::Tx::fail(self, &e))?;
         self.locked.borrow_mut().push(run_id.to_owned());
+        Ok(())
+    }
+
+    fn mark_run_locked(&self, run_id: &str) -> Result<()> {
+        if !self.held(run_id)? {
+            self.locked.borrow_mut().push(run_id.to_owned());
+        }
         Ok(())
     }
 

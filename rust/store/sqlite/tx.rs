@@ -160,6 +160,10 @@ impl crate::store::Tx for Tx<'_> {
         Ok(())
     }
 
+    fn mark_run_locked(&self, _run_id: &str) -> Result<()> {
+        Ok(())
+    }
+
     /// Statements are in-process calls: one per row costs no round trip.
     fn batch_statements(&self) -> Option<&'static BatchStatements> {
         None

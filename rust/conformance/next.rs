@@ -1,0 +1,130 @@
+//! `claim_next` on every backend: what it writes is what claims by id write, in queue order;
+//! a queued run without a lease row is still claimed; on PostgreSQL it costs two round trips.
+
+use super::group::{rows_of, twin};
+use super::{queued, T0};
+use crate::leases::{self, ClaimSpec};
+use crate::model::Claim;
+use crate::params;
+use crate::queue::{self, NextClaims};
+use crate::runs;
+use crate::store::{Sql, Store};
+
+const RUNS: [&str; 5] = ["q1", "q2", "q3", "q4", "q5"];
+
+/// `q1`..`q5` queued at T0, T0+1, ..., and `q2` claimed by id (so `starting`, no longer queued).
+fn queue_five(store: &mut dyn Store) {
+    for (i, run) in (0..).zip(RUNS) {
+        queue::reserve_run(store, &queued(run), T0 + i).expect("reserve_run");
+    }
+    let spec = ClaimSpec::new("host-a".into(), 60_000, Some("a".repeat(40)), "token").unwrap();
+    leases::claim(store, "q2", &spec, T0 + 10)
+        .expect("claim")
+        .expect("claimed");
+}
+
+fn next(store: &mut dyn Store, limit: i64, now: i64) -> Vec<Claim> {
+    let req = NextClaims {
+        runner_id: "host-b".into(),
+        lease_ms: 30_000,
+        workflow_names: None,
+        limit,
+        token: None,
+    };
+    queue::claim_next(store, &req, now).expect("claim_next")
+}
+
+/// Everything the claims wrote: the rows [`rows_of`] compares, and each run's row.
+fn state(store: &mut dyn Store) -> Vec<String> {
+    let mut out = rows_of(store, &RUNS);
+    for run in RUNS {
+        out.push(format!("{:?}", runs::get_run(store, run).expect("run")));
+    }
+    out
+}
+
+/// Three claims by `claim_next` leave exactly the rows and events that claiming the same runs
+/// by id, with the same tokens at the same time, leaves: oldest queued first, the run claimed
+/// by id skipped, each a new generation with its `lease.claimed` event and `starting`.
+pub(super) fn claim_next_writes_what_claims_write(store: &mut dyn Store) {
+    let now = T0 + 20;
+    queue_five(store);
+    let claims = next(store, 3, now);
+    let order: Vec<&str> = claims.iter().map(|c| c.run_id.as_str()).collect();
+    assert_eq!(order, ["q1", "q3", "q4"]);
+    assert!(claims
+        .iter()
+        .all(|c| c.generation == 1 && c.expires_at == now + 30_000));
+    let (mut by_id, _keep) = twin(store);
+    queue_five(by_id.as_mut());
+    for c in &claims {
+        let spec = ClaimSpec::new("host-b".into(), 30_000, Some(c.token.clone()), "token").unwrap();
+        let again = leases::claim(by_id.as_mut(), &c.run_id, &spec, now)
+            .expect("claim")
+            .expect("claimed");
+        assert_eq!(&again, c);
+    }
+    assert_eq!(state(store), state(by_id.as_mut()));
+    // The rest of the queue, then nothing.
+    let rest = next(store, 10, now + 1);
+    assert_eq!(
+        rest.iter().map(|c| c.run_id.as_str()).collect::<Vec<_>>(),
+        ["q5"]
+    );
+    assert!(next(store, 10, now + 2).is_empty());
+}
+
+/// A queued run whose lease row is missing is claimed all the same (its lease is created), and
+/// the runs around it in the same call too.
+pub(super) fn a_queued_run_without_a_lease_row_is_claimed(store: &mut dyn Store) {
+    queue_five(store);
+    let drop_lease = Sql::same("DELETE FROM leases WHERE resource_id = 'q3'");
+    store
+        .write("dropping a lease", |tx| {
+            tx.exec(&drop_lease, params![]).map(|_| ())
+        })
+        .expect("drop");
+    let claims = next(store, 3, T0 + 20);
+    let order: Vec<(&str, i64)> = claims
+        .iter()
+        .map(|c| (c.run_id.as_str(), c.generation))
+        .collect();
+    assert_eq!(order, [("q1", 1), ("q3", 1), ("q4", 1)]);
+    for c in &claims {
+        let lease = leases::lease(store, &c.run_id).expect("lease");
+        assert_eq!(
+            (lease.generation, lease.owner_id.as_deref()),
+            (1, Some("host-b"))
+        );
+    }
+}
+
+/// On PostgreSQL a `claim_next` costs two round trips however many runs it claims: the read
+/// that finds and locks them, then the claims' one statement sent with the commit.
+#[cfg(feature = "postgres")]
+pub(super) fn claim_next_takes_two_round_trips(store: &mut dyn Store) {
+    let trips = |store: &mut dyn Store| {
+        store
+            .read("counting round trips", |tx| Ok(tx.round_trips()))
+            .expect("round trips")
+    };
+    for i in 0..12 {
+        queue::reserve_run(store, &queued(&format!("n{i:02}")), T0 + i).expect("reserve_run");
+    }
+    // The first call prepares its statements.
+    next(store, 1, T0 + 20);
+    let mut spent = Vec::new();
+    for limit in [1, 1, 4, 5] {
+        let before = trips(store);
+        let got = next(store, limit, T0 + 20);
+        spent.push((trips(store) - before, got.len()));
+    }
+    assert_eq!(spent, [(2, 1), (2, 1), (2, 4), (2, 5)]);
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn claim_next_takes_two_round_trips_on_postgres() {
+    let (mut store, _schema) = crate::store::testing::postgres_fresh();
+    claim_next_takes_two_round_trips(store.as_mut());
+}

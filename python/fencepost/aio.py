@@ -211,6 +211,7 @@ class AsyncLedger:
         create: bool = True,
         schema: str | None = None,
         group_commit: bool = True,
+        listen: bool = True,
     ) -> AsyncLedger:
         """``Ledger.open`` in a worker thread (opening migrates, which may take a moment); the
         same keywords. Cancelled, it closes the ledger it opened."""
@@ -224,6 +225,7 @@ class AsyncLedger:
                 create=create,
                 schema=schema,
                 group_commit=group_commit,
+                listen=listen,
             )
 
         return cls(await _undo_on_cancel(work, Ledger.close))

@@ -130,6 +130,7 @@ class Ledger:
         create: bool = True,
         schema: str | None = None,
         group_commit: bool = True,
+        listen: bool = True,
     ) -> Ledger:
         """Open (creating and migrating if needed) the ledger at ``target``.
 
@@ -151,6 +152,11 @@ class Ledger:
         step completions made concurrently from several threads (or coroutines) on this ledger
         share one transaction (one commit, one sync), each call keeping its own outcome; a call
         returns after its group commits. ``False`` runs every call in a transaction of its own.
+
+        ``listen`` (PostgreSQL, default on): ``wait_events`` is woken by ``LISTEN``/``NOTIFY``
+        on a connection of its own, opened by the first wait, and sends nothing while idle.
+        ``False`` makes it poll instead, for a server reached through a pooler in transaction
+        mode, which cannot keep a ``LISTEN``. Commits announce themselves either way.
         """
         path, url = _parse_target(target)
         if schema is not None and not isinstance(schema, str):
@@ -186,6 +192,7 @@ class Ledger:
                 clock=clock,
                 create=bool(create),
                 group_commit=bool(group_commit),
+                listen=bool(listen),
             )
         )
 

@@ -47,6 +47,8 @@ pub struct PyLedger {
     clock: Option<Py<PyAny>>,
     /// The store's password-free label, kept for `repr` after `close`.
     target: String,
+    /// What `wait_events` has cost so far (see `wait_stats`).
+    waits: wait::Counts,
 }
 
 #[pymethods]
@@ -55,7 +57,8 @@ impl PyLedger {
     /// `schema` are free text, named as the facade's `target` and `schema`.
     #[new]
     #[pyo3(signature = (
-        path, url, schema, *, durability, busy_timeout_ms, clock, create, group_commit=true
+        path, url, schema, *, durability, busy_timeout_ms, clock, create, group_commit=true,
+        listen=true
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -67,6 +70,7 @@ impl PyLedger {
         clock: Option<Py<PyAny>>,
         create: bool,
         group_commit: bool,
+        listen: bool,
     ) -> PyResult<Self> {
         let py = path.py();
         let path = opt_prose(path, "target")?;
@@ -80,11 +84,13 @@ impl PyLedger {
             },
             busy_timeout_ms,
             create,
+            listen,
         };
         let mut this = Self {
             writer: None,
             clock,
             target: String::new(),
+            waits: wait::Counts::default(),
         };
         let now = this.now(py)?;
         let store = py
@@ -126,6 +132,13 @@ impl PyLedger {
             .as_ref()
             .map(|w| w.stats().into_iter().collect())
             .unwrap_or_default()
+    }
+
+    /// What `wait_events` has cost since open: `queries` (events queries it ran), `checks`
+    /// (reads of the store's change mark while polling) and `wakeups` (moves of the listening
+    /// connection's signal it saw). An idle waiter on PostgreSQL adds to none of them.
+    fn wait_stats(&self) -> std::collections::HashMap<&'static str, u64> {
+        self.waits.snapshot().into_iter().collect()
     }
 
     fn pragmas<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

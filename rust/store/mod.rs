@@ -84,6 +84,10 @@ pub struct OpenOptions {
     /// Make the ledger if there is none: the file on SQLite, the schema and its tables on
     /// PostgreSQL. Read-only tools pass `false`, so looking never creates anything.
     pub create: bool,
+    /// PostgreSQL: `wait_events` is woken by `LISTEN`/`NOTIFY` on a connection of its own.
+    /// Off, it polls instead (behind a pooler in transaction mode, which cannot keep a
+    /// `LISTEN`). Commits always `NOTIFY`, so other processes may listen either way.
+    pub listen: bool,
 }
 
 impl Default for OpenOptions {
@@ -92,7 +96,68 @@ impl Default for OpenOptions {
             durability: Durability::Normal,
             busy_timeout_ms: 5000,
             create: true,
+            listen: true,
         }
+    }
+}
+
+/// A counter that a background thread moves when something may have changed, and that waiters
+/// block on (see [`Store::signal`]). While it is not `live` (its source is reconnecting) its
+/// moves cannot be trusted to come, and waiters poll instead; it moves again once live, since
+/// whatever happened in between went unannounced.
+#[derive(Debug, Default)]
+pub struct Signal {
+    state: std::sync::Mutex<(u64, bool)>,
+    moved: std::sync::Condvar,
+}
+
+impl Signal {
+    fn state(&self) -> std::sync::MutexGuard<'_, (u64, bool)> {
+        // A waiter that panicked holding the lock left a counter, nothing half-done.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Move the counter and wake every waiter.
+    pub fn bump(&self) {
+        self.state().0 += 1;
+        self.moved.notify_all();
+    }
+
+    /// Say whether moves can be trusted from now on; becoming live also moves the counter.
+    pub fn set_live(&self, live: bool) {
+        let mut state = self.state();
+        if live && !state.1 {
+            state.0 += 1;
+        }
+        state.1 = live;
+        drop(state);
+        self.moved.notify_all();
+    }
+
+    /// The counter, if the signal is live.
+    pub fn mark(&self) -> Option<u64> {
+        let state = self.state();
+        state.1.then_some(state.0)
+    }
+
+    /// Block until the counter is no longer `seen`, the signal stops being live, or `until`;
+    /// the counter then, if live.
+    pub fn wait_past(&self, seen: u64, until: std::time::Instant) -> Option<u64> {
+        let mut state = self.state();
+        while state.1 && state.0 == seen {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self
+                .moved
+                .wait_timeout(state, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+        state.1.then_some(state.0)
     }
 }
 
@@ -541,6 +606,14 @@ pub trait Store: Send {
     /// PostgreSQL: the events' sequence, which moves when an event is appended (before that
     /// transaction commits: a waiter keeps querying for a short while after a move).
     fn change_mark(&mut self) -> Result<(i64, i64)>;
+    /// A signal that moves whenever a transaction that may have appended events has committed,
+    /// pushed to this process instead of read (PostgreSQL: `LISTEN` on a connection of its own;
+    /// see `postgres::listen`), or `None` where there is none: SQLite, or a PostgreSQL ledger
+    /// opened with `listen` off. Started on the first call, kept until the store is dropped;
+    /// waiting on it touches neither the store nor the database.
+    fn signal(&mut self) -> Result<Option<std::sync::Arc<Signal>>> {
+        Ok(None)
+    }
     /// For a reader of every run's events (`events(None, ...)`): the lowest `seq` that a
     /// transaction still in flight may yet commit, read *before* the reader's snapshot, or
     /// `None` when every `seq` below the newest visible one is settled. SQLite commits one

@@ -1,11 +1,19 @@
-//! `wait_events` for the Python class: the events query runs when the store's change mark
-//! moves (a commit somewhere may have appended events), not on every tick. Between checks the
-//! thread sleeps detached, holding neither the GIL nor the store, and Ctrl-C ends the wait.
+//! `wait_events` for the Python class: the events query runs when something may have changed,
+//! not on every tick. Between checks the thread waits detached, holding neither the GIL nor the
+//! store, and Ctrl-C ends the wait.
 //!
-//! Costs while idle: a change mark per tick (SQLite: a pragma on the open connection, no table
-//! read; PostgreSQL: one row of the events' sequence) and one events query per
-//! [`IDLE_QUERY`], a safety net for a move the mark cannot see.
+//! What says "something may have changed":
+//! - PostgreSQL (opened with `listen`, the default): the store's [`Signal`], moved by a
+//!   `LISTEN`ing connection of its own at each commit's `NOTIFY`. An idle waiter sends the
+//!   database nothing; a notification costs one query, and a burst of them while a query runs
+//!   costs one more. The `NOTIFY` comes after its commit, so the query that follows sees it.
+//! - Otherwise (SQLite; PostgreSQL with `listen=False`, or while its listening connection is
+//!   reconnecting) the store's change mark, read every [`TICK`] without touching a table
+//!   (SQLite: a pragma on the open connection; PostgreSQL: one row of the events' sequence),
+//!   and the query once per [`IDLE_QUERY`] as a safety net for a move the mark cannot see.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
@@ -16,15 +24,19 @@ use crate::errors::LedgerError;
 use crate::events;
 use crate::model::Event;
 use crate::py::errors::to_pyerr;
+use crate::store::Signal;
 
-/// How often the change mark is read: the wake-up latency's bound.
+/// How often the change mark is read, and the least time between two queries of one waiter:
+/// the wake-up latency's bound when polling, and what a burst of notifications is spaced to.
 const TICK: Duration = Duration::from_millis(5);
-/// After the mark moves, the query runs on every tick for this long: PostgreSQL's sequence
-/// moves when an event is appended, before its transaction commits, so the first query after a
-/// move may come too early to see it.
+/// After the change mark moves, the query runs on every tick for this long: PostgreSQL's
+/// sequence moves when an event is appended, before its transaction commits, so the first
+/// query after a move may come too early to see it.
 const HOT: Duration = Duration::from_millis(250);
-/// The longest an idle waiter goes without running its query.
+/// The longest a polling waiter goes without running its query.
 const IDLE_QUERY: Duration = Duration::from_secs(2);
+/// How often a waiter blocked on the signal looks up for Ctrl-C (no database work).
+const CHECK_INTERRUPT: Duration = Duration::from_millis(100);
 
 /// What `wait_events` waits for.
 pub(super) struct Wait {
@@ -35,26 +47,69 @@ pub(super) struct Wait {
     pub limit: i64,
 }
 
+/// What waiting has cost a ledger so far.
+#[derive(Debug, Default)]
+pub(super) struct Counts {
+    queries: AtomicU64,
+    checks: AtomicU64,
+    wakeups: AtomicU64,
+}
+
+impl Counts {
+    pub(super) fn snapshot(&self) -> [(&'static str, u64); 3] {
+        [
+            ("queries", self.queries.load(Ordering::Relaxed)),
+            ("checks", self.checks.load(Ordering::Relaxed)),
+            ("wakeups", self.wakeups.load(Ordering::Relaxed)),
+        ]
+    }
+}
+
+/// Where the latest "something may have changed" came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    Signal(u64),
+    Store(i64, i64),
+}
+
 impl PyLedger {
     /// Events after `after_seq` as soon as one is committed, or none after `timeout`.
     pub(super) fn wait_events_in(&self, py: Python<'_>, w: &Wait) -> PyResult<Vec<Event>> {
         let started = Instant::now();
         let deadline = started + w.timeout;
+        let signal: Option<Arc<Signal>> = py
+            .detach(|| self.writer()?.with_store(|s| s.signal()))
+            .map_err(|e| to_pyerr(py, e))?;
         let mut mark = None;
         let mut hot_until = started;
         let mut queried: Option<Instant> = None;
         loop {
             let now = Instant::now();
-            let seen = py
-                .detach(|| self.writer()?.with_store(|s| s.change_mark()))
-                .map_err(|e| to_pyerr(py, e))?;
-            if mark != Some(seen) {
-                mark = Some(seen);
+            let seen = if let Some(count) = signal.as_deref().and_then(Signal::mark) {
+                Mark::Signal(count)
+            } else {
+                let (a, b) = py
+                    .detach(|| self.writer()?.with_store(|s| s.change_mark()))
+                    .map_err(|e| to_pyerr(py, e))?;
+                self.waits.checks.fetch_add(1, Ordering::Relaxed);
+                Mark::Store(a, b)
+            };
+            // The first mark is where the wait starts (the first query runs anyway); every
+            // later move is news.
+            let moved = mark.is_some_and(|m| m != seen);
+            if moved {
                 hot_until = now + HOT;
+                if matches!(seen, Mark::Signal(_)) {
+                    self.waits.wakeups.fetch_add(1, Ordering::Relaxed);
+                }
             }
-            let due = match queried {
-                None => true,
-                Some(q) => now < hot_until || now.duration_since(q) >= IDLE_QUERY,
+            mark = Some(seen);
+            let due = match (queried, seen) {
+                (None, _) => true,
+                (Some(_), Mark::Signal(_)) => moved,
+                (Some(q), Mark::Store(..)) => {
+                    now < hot_until || now.duration_since(q) >= IDLE_QUERY
+                }
             };
             if due {
                 let got = self.run(py, |s, _| {
@@ -66,6 +121,7 @@ impl PyLedger {
                         w.types.as_deref(),
                     )
                 })?;
+                self.waits.queries.fetch_add(1, Ordering::Relaxed);
                 queried = Some(now);
                 if !got.is_empty() {
                     return Ok(got);
@@ -75,8 +131,18 @@ impl PyLedger {
                 return Ok(Vec::new());
             }
             py.check_signals()?;
-            let nap = TICK.min(deadline.saturating_duration_since(now));
-            py.detach(|| std::thread::sleep(nap));
+            if let (Mark::Signal(count), Some(signal)) = (seen, signal.as_deref()) {
+                let until = deadline.min(Instant::now() + CHECK_INTERRUPT);
+                py.detach(|| {
+                    signal.wait_past(count, until);
+                    // Space the queries of a burst of notifications by a tick.
+                    let next = queried.map_or(now, |q| q + TICK);
+                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                });
+            } else {
+                let nap = TICK.min(deadline.saturating_duration_since(now));
+                py.detach(|| std::thread::sleep(nap));
+            }
         }
     }
 }

@@ -23,6 +23,7 @@
 //! the statements only PostgreSQL runs.
 
 mod errors;
+mod listen;
 mod pipeline;
 #[cfg(test)]
 mod plan_tests;
@@ -88,6 +89,8 @@ pub struct PgStore {
     /// intervals has every statement planned again on tables at least half their present
     /// size, for one extra command in the `BEGIN`'s message, ever rarer.
     replan_at: u64,
+    /// The `LISTEN`ing connection, once a waiter asked for it (see `listen`).
+    listener: Option<listen::Listener>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -102,6 +105,7 @@ impl Drop for PgStore {
     /// Close politely: dropping the client makes the connection task send Terminate and end;
     /// wait (briefly) for it so the server does not log an abandoned session.
     fn drop(&mut self) {
+        drop(self.listener.take());
         drop(self.client.take());
         if let Some(task) = self.task.take() {
             let _ = self
@@ -134,6 +138,7 @@ impl PgStore {
             broken: false,
             transactions: 0,
             replan_at: FIRST_REPLAN,
+            listener: None,
         };
         store.configure()?;
         let dialect = store.dialect();
@@ -373,8 +378,6 @@ impl Store for PgStore {
         Ok(vec!["ok".into()])
     }
 
-    /// Autovacuum normally keeps up; after a large prune this reclaims the dead rows and
-    /// refreshes the planner's statistics at once. Outside any transaction, as VACUUM must be.
     fn change_mark(&mut self) -> Result<(i64, i64)> {
         self.ensure_connected()?;
         let row = self.block("waiting for events", |c| {
@@ -383,6 +386,18 @@ impl Store for PgStore {
         Ok((row.get(0), i64::from(row.get::<_, bool>(1))))
     }
 
+    fn signal(&mut self) -> Result<Option<std::sync::Arc<crate::store::Signal>>> {
+        if !self.opts.listen {
+            return Ok(None);
+        }
+        if self.listener.is_none() {
+            self.listener = Some(listen::Listener::start(&self.target)?);
+        }
+        Ok(self.listener.as_ref().map(listen::Listener::signal))
+    }
+
+    /// Autovacuum normally keeps up; after a large prune this reclaims the dead rows and
+    /// refreshes the planner's statistics at once. Outside any transaction, as VACUUM must be.
     fn vacuum(&mut self) -> Result<()> {
         let text = format!("VACUUM (ANALYZE) {}", sql::TABLES.join(", "));
         self.block("vacuuming the database", |c| c.batch_execute(&text))

@@ -232,6 +232,18 @@ impl<'a> Pipeline<'a> {
     /// `waited`, in order. The first failure is the one reported: the server skips whatever
     /// follows a failed request up to the next Sync, so the later ones fail because of it.
     pub(super) fn send_many(&self, waited: Vec<Req<'_>>) -> Result<Vec<Resp>, Failed> {
+        self.send_each(waited)?
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(Failed::Waited)
+    }
+
+    /// [`Pipeline::send_many`], with each of `waited` answered on its own (a request after a
+    /// `COMMIT` is a transaction of its own, whose failure says nothing of the commit's).
+    pub(super) fn send_each(
+        &self,
+        waited: Vec<Req<'_>>,
+    ) -> Result<Vec<Result<Resp, PgError>>, Failed> {
         let queued = std::mem::take(&mut *self.queued.borrow_mut());
         let mut reqs: Vec<Req<'_>> = queued.iter().map(Queued::req).collect();
         let n = waited.len();
@@ -248,10 +260,7 @@ impl<'a> Pipeline<'a> {
         if let Some(e) = answers.into_iter().find_map(Result::err) {
             return Err(Failed::Queued(e));
         }
-        answers_waited
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(Failed::Waited)
+        Ok(answers_waited)
     }
 }
 

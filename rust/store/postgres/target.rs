@@ -24,6 +24,21 @@ pub(super) struct Target {
     pub(super) label: String,
     /// `host:port`, for connection messages.
     pub(super) server: String,
+    /// `NOTIFY` of the schema's channel (see [`channel`]), sent after each commit that locked
+    /// a run.
+    pub(super) notify: String,
+    /// `LISTEN` on that channel, for `wait_events` (see `listen`).
+    pub(super) listen: String,
+}
+
+/// The channel a schema's commits are announced on: `fencepost_` and 32 hex digits of the
+/// SHA-256 of the schema's name, a plain identifier under PostgreSQL's 63-byte limit whatever
+/// the schema is called (a schema name alone may take all 63). Channels are per database, so
+/// this is one channel per ledger.
+pub(super) fn channel(schema: &str) -> String {
+    let digest = crate::canonical::digest_bytes(schema.as_bytes());
+    let hex = digest.trim_start_matches("sha256:");
+    format!("fencepost_{}", &hex[..32])
 }
 
 /// A schema name fencepost accepts: a plain lowercase SQL identifier, so it never needs
@@ -118,6 +133,8 @@ impl Target {
             server: format!("{host}:{port}"),
             config,
             tls,
+            notify: format!("NOTIFY {}", channel(&schema)),
+            listen: format!("LISTEN {}", channel(&schema)),
             schema,
         })
     }

@@ -99,11 +99,38 @@ impl<'a> Tx<'a> {
     /// the writes still queued with the `COMMIT` in one round trip (if one of them fails, the
     /// server answers the `COMMIT` with a rollback: nothing is written). A read, or a refused
     /// write, rolls back. The transaction's outcome.
+    ///
+    /// A commit of a transaction that locked a run is followed, in the same round trip, by a
+    /// `NOTIFY` on the schema's channel, which wakes `wait_events` waiters (see `listen`). Those
+    /// are the transactions that append events, and the only ones that put down a floor under
+    /// the event cursor (`sql::EVENT_FLOOR_LOCK_SQL`), so also the only ones whose end can let a
+    /// reader see events it was held back from. The `NOTIFY` is a transaction of its own, after
+    /// the commit: PostgreSQL serializes the commits of notifying transactions on one lock, held
+    /// through the commit's flush, and a transaction that wrote nothing else commits without
+    /// waiting for a flush, so the lock is held for microseconds whatever the ledger's
+    /// durability. Its failure is not the write's: the commit's answer alone is the outcome.
     pub(super) fn end(&self, out: Result<()>, commit: bool) -> Result<()> {
         if out.is_ok() && commit && self.pipe.begun() {
-            self.send(Some(Req::Simple("COMMIT")), false)
-                .map(|_| ())
-                .map_err(|e| crate::store::Tx::fail(self, &e))
+            if self.locked.borrow().is_empty() {
+                return self
+                    .send(Some(Req::Simple("COMMIT")), false)
+                    .map(|_| ())
+                    .map_err(|e| crate::store::Tx::fail(self, &e));
+            }
+            let sent = self.pipe.send_each(vec![
+                Req::Simple("COMMIT"),
+                Req::Simple(&self.target.notify),
+            ]);
+            let committed = match sent {
+                Ok(mut answers) => answers.swap_remove(0).map_err(Failed::Waited),
+                Err(failed) => Err(failed),
+            };
+            committed.map(|_| ()).map_err(|failed| {
+                let e = match failed {
+                    Failed::Queued(e) | Failed::Waited(e) => self.classify(&e, false),
+                };
+                crate::store::Tx::fail(self, &e)
+            })
         } else {
             // A failed ROLLBACK means the connection is gone, which the next call repairs.
             self.roll_back();

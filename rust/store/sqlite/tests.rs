@@ -25,6 +25,7 @@ fn file_database_is_wal_and_settings_read_back() {
         durability: Durability::Full,
         busy_timeout_ms: 1234,
         create: true,
+        listen: false,
     };
     let store = SqliteStore::open(Some(&path), &opts, 5).unwrap();
     let p = store.pragmas().unwrap();

@@ -50,6 +50,9 @@ mod _core {
     #[pymodule_export]
     use crate::py::ledger::PyLedger;
 
+    #[pymodule_export]
+    use crate::py::ledger::{wait_timeout, PyWatch};
+
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", crate::VERSION)?;

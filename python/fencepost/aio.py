@@ -10,6 +10,9 @@ while the database works:
   transactions, and thousands of coroutines cost thousands of futures. At most 1024 such
   calls per ``AsyncLedger`` are queued at a time; the others wait their turn in the event
   loop.
+- ``wait_events`` holds no thread while it waits: one thread per ``AsyncLedger`` (and event
+  loop) waits for every waiting coroutine and wakes them when the events may have changed
+  (on PostgreSQL, by ``LISTEN``); each then runs its query briefly in a worker thread.
 - Every other method runs the blocking method in a worker thread (``asyncio.to_thread``); the
   Rust core releases the GIL for the whole database transaction. ``claim`` is among them: it
   still shares transactions with the others (its thread queues on the same writer), and its
@@ -47,6 +50,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
@@ -54,7 +59,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 from fencepost import _core
 from fencepost.errors import LedgerError
 from fencepost.ledger import Durability, Ledger
-from fencepost.models import Claim
+from fencepost.models import Claim, Event
 
 __all__ = ["AsyncLedger"]
 
@@ -182,15 +187,169 @@ async def _undo_on_cancel(work: Callable[[], R], undo: Callable[[R], None]) -> R
         raise
 
 
+class _Watcher:
+    """Waits for new events on behalf of every coroutine in ``wait_events`` on one event loop.
+
+    One thread, started by the first waiter and ending a moment after the last one leaves,
+    blocks in the core's pacer (``_core.Watch``: on PostgreSQL the ledger's ``LISTEN``ing
+    connection, elsewhere the store's change mark, exactly as the blocking ``wait_events``
+    waits) and, each time the events may have changed, resolves the future every waiter is
+    awaiting. So a waiting coroutine holds no thread: a thousand of them cost one thread, and
+    each runs its query (briefly, in a worker thread) only when woken.
+
+    A waiter takes the current future *before* each query, so a commit that lands while the
+    query runs resolves it and is seen by the next query; the pacer reads its mark before the
+    first waiter's first query (``ready``)."""
+
+    LINGER_S = 1.0
+    """How long the thread goes on waiting after the last waiter left (a follower that pages
+    on comes straight back)."""
+
+    def __init__(self, core: _core.Ledger, loop: asyncio.AbstractEventLoop) -> None:
+        self._core = core
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._waiters = 0
+        self._running = False
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._moved: asyncio.Future[None] = loop.create_future()
+
+    def join(self) -> asyncio.Future[None]:
+        """Count a waiter in (starting the thread if none runs); the future that says the
+        pacer is ready."""
+        with self._lock:
+            self._waiters += 1
+            if self._running:
+                return self._ready
+            self._running = True
+            if self._ready.done():
+                self._ready = self._loop.create_future()
+        threading.Thread(target=self._run, name="fencepost-wait", daemon=True).start()
+        return self._ready
+
+    def leave(self) -> None:
+        with self._lock:
+            self._waiters -= 1
+
+    def moved(self) -> asyncio.Future[None]:
+        """The future the next "may have changed" resolves."""
+        return self._moved
+
+    def _settle(self, fut: asyncio.Future[None], error: BaseException | None) -> None:
+        if fut.done():
+            return
+        if error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(error)
+
+    def _pulse(self, error: BaseException | None = None) -> None:
+        """On the loop: resolve the current future (or fail it) and start a new one."""
+        fut, self._moved = self._moved, self._loop.create_future()
+        self._settle(fut, error)
+
+    def _post(self, call: Callable[..., None], *args: Any) -> bool:
+        """Run ``call`` on the loop; ``False`` once the loop is closed."""
+        try:
+            self._loop.call_soon_threadsafe(call, *args)
+        except RuntimeError:
+            return False
+        return True
+
+    def _stop(self) -> None:
+        with self._lock:
+            self._running = False
+
+    def _run(self) -> None:
+        ready = self._ready
+        try:
+            watch = self._core.watch()
+        except BaseException as exc:
+            self._stop()
+            self._post(self._settle, ready, exc)
+            return
+        if not self._post(self._settle, ready, None):
+            self._stop()
+            return
+        last_seen = time.monotonic()
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                if self._waiters:
+                    last_seen = now
+                elif now - last_seen >= self.LINGER_S:
+                    self._running = False
+                    return
+            try:
+                moved = watch.next(0.25)
+            except BaseException as exc:
+                # The store failed (or was closed): every waiter hears it; the next one starts
+                # afresh.
+                self._stop()
+                self._post(self._pulse, exc)
+                return
+            if moved and not self._post(self._pulse):
+                self._stop()
+                return
+
+
 class AsyncLedger:
     """The asyncio face of a :class:`fencepost.Ledger` (``ledger`` is the synchronous one)."""
 
-    __slots__ = ("_gate", "_gate_loop", "ledger")
+    __slots__ = ("_gate", "_gate_loop", "_watcher", "ledger")
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self._gate: asyncio.Semaphore | None = None
         self._gate_loop: asyncio.AbstractEventLoop | None = None
+        self._watcher: _Watcher | None = None
+
+    def _watcher_on(self, loop: asyncio.AbstractEventLoop) -> _Watcher:
+        """The loop's watcher (see ``_Watcher``); a later ``asyncio.run`` gets its own."""
+        if self._watcher is None or self._watcher._loop is not loop:
+            self._watcher = _Watcher(self.ledger._core, loop)
+        return self._watcher
+
+    async def wait_events(
+        self,
+        run_id: str | None = None,
+        *,
+        after_seq: int = 0,
+        timeout_s: float,
+        types: Iterable[str] | None = None,
+        limit: int = 1000,
+    ) -> list[Event]:
+        """``Ledger.wait_events`` for asyncio: the same arguments, checks and results, but a
+        waiting coroutine holds no thread. One thread per ``AsyncLedger`` and event loop waits
+        for every waiter (on PostgreSQL on the ledger's ``LISTEN``ing connection) and wakes
+        them when the events may have changed; each query then runs briefly in a worker
+        thread. Cancelling the wait leaves nothing behind."""
+        timeout = _core.wait_timeout(timeout_s)
+
+        def query() -> list[Event]:
+            return self.ledger.wait_events(
+                run_id, after_seq=after_seq, timeout_s=0, types=types, limit=limit
+            )
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if timeout == 0:
+            return await asyncio.to_thread(query)
+        watcher = self._watcher_on(loop)
+        ready = watcher.join()
+        try:
+            await asyncio.shield(ready)
+            while True:
+                moved = watcher.moved()
+                found = await asyncio.to_thread(query)
+                left = deadline - loop.time()
+                if found or left <= 0:
+                    return found
+                await asyncio.wait([moved], timeout=left)
+                if moved.done():
+                    moved.result()
+        finally:
+            watcher.leave()
 
     def _gate_on(self, loop: asyncio.AbstractEventLoop) -> asyncio.Semaphore:
         """The bound on queued writer calls, made on the loop that uses it (a semaphore belongs
@@ -288,7 +447,6 @@ class AsyncLedger:
     expired_leases = _in_thread(Ledger.expired_leases)
     leases = _in_thread(Ledger.leases)
     events = _in_thread(Ledger.events)
-    wait_events = _in_thread(Ledger.wait_events)
     prune = _in_thread(Ledger.prune)
     restore = _in_thread(Ledger.restore)
     vacuum = _in_thread(Ledger.vacuum)

@@ -712,9 +712,12 @@ class Ledger:
         """``events(...)``, but waiting: returns as soon as a matching event with ``seq >
         after_seq`` is committed (by this process or any other), or ``[]`` after ``timeout_s``
         seconds. Page on with ``after_seq=`` the last ``seq`` returned. The query runs only
-        when the database says something was committed (SQLite: its ``data_version``;
-        PostgreSQL: the events' sequence), checked every 5 ms without reading a table, and at
-        least every 2 seconds; Ctrl-C interrupts the wait."""
+        when something may have been committed. PostgreSQL: every commit that wrote to a run
+        sends a ``NOTIFY``, which the ledger's own ``LISTEN``ing connection (opened by the first
+        wait) turns into a wake-up, so an idle wait sends the database nothing. SQLite (and
+        PostgreSQL opened with ``listen=False``): the database's change counter (SQLite's
+        ``data_version``; the events' sequence) is read every 5 ms without reading a table,
+        and the query also runs every 2 seconds. Ctrl-C interrupts the wait."""
         wanted = _refs(types, "types")
         return self._core.wait_events(run_id, after_seq, timeout_s, wanted, limit)
 

@@ -34,6 +34,7 @@ use crate::writer::{Config, Op, Writer};
 mod call;
 mod retention;
 mod wait;
+pub use wait::{wait_timeout, PyWatch};
 use crate::attempts::UnitFilter;
 use crate::{attempts, blobs, events, leases, queue};
 
@@ -139,6 +140,11 @@ impl PyLedger {
     /// connection's signal it saw). An idle waiter on PostgreSQL adds to none of them.
     fn wait_stats(&self) -> std::collections::HashMap<&'static str, u64> {
         self.waits.snapshot().into_iter().collect()
+    }
+
+    /// A pacer for the waiters of one thread (`AsyncLedger.wait_events`): see `wait::PyWatch`.
+    fn watch(slf: Bound<'_, Self>) -> PyResult<wait::PyWatch> {
+        wait::PyWatch::new(slf)
     }
 
     fn pragmas<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

@@ -72,79 +72,173 @@ enum Mark {
     Store(i64, i64),
 }
 
-impl PyLedger {
-    /// Events after `after_seq` as soon as one is committed, or none after `timeout`.
-    pub(super) fn wait_events_in(&self, py: Python<'_>, w: &Wait) -> PyResult<Vec<Event>> {
-        let started = Instant::now();
-        let deadline = started + w.timeout;
+/// Paces one waiter's queries: [`Pacer::due`] blocks until the events may have changed since
+/// the last query (or a deadline passes). The mark is read before each query it allows, so a
+/// commit that lands while the query runs moves the mark again and is not missed.
+pub(super) struct Pacer {
+    signal: Option<Arc<Signal>>,
+    mark: Mark,
+    hot_until: Instant,
+    queried: Instant,
+}
+
+impl Pacer {
+    /// A pacer whose waiter queries right after this returns (on PostgreSQL this starts the
+    /// ledger's listening connection, once).
+    pub(super) fn new(ledger: &PyLedger, py: Python<'_>) -> PyResult<Self> {
         let signal: Option<Arc<Signal>> = py
-            .detach(|| self.writer()?.with_store(|s| s.signal()))
+            .detach(|| ledger.writer()?.with_store(|s| s.signal()))
             .map_err(|e| to_pyerr(py, e))?;
-        let mut mark = None;
-        let mut hot_until = started;
-        let mut queried: Option<Instant> = None;
+        let now = Instant::now();
+        let mut pacer = Self {
+            signal,
+            mark: Mark::Signal(0),
+            hot_until: now,
+            queried: now,
+        };
+        pacer.mark = pacer.read(ledger, py)?;
+        Ok(pacer)
+    }
+
+    /// The signal's count while it is live, else the store's change mark.
+    fn read(&self, ledger: &PyLedger, py: Python<'_>) -> PyResult<Mark> {
+        if let Some(count) = self.signal.as_deref().and_then(Signal::mark) {
+            return Ok(Mark::Signal(count));
+        }
+        let (a, b) = py
+            .detach(|| ledger.writer()?.with_store(|s| s.change_mark()))
+            .map_err(|e| to_pyerr(py, e))?;
+        ledger.waits.checks.fetch_add(1, Ordering::Relaxed);
+        Ok(Mark::Store(a, b))
+    }
+
+    /// Block until a query is due (`true`: the caller queries at once) or `deadline` passes
+    /// (`false`). Ctrl-C raises `KeyboardInterrupt` (on the main thread).
+    pub(super) fn due(
+        &mut self,
+        ledger: &PyLedger,
+        py: Python<'_>,
+        deadline: Instant,
+    ) -> PyResult<bool> {
         loop {
             let now = Instant::now();
-            let seen = if let Some(count) = signal.as_deref().and_then(Signal::mark) {
-                Mark::Signal(count)
-            } else {
-                let (a, b) = py
-                    .detach(|| self.writer()?.with_store(|s| s.change_mark()))
-                    .map_err(|e| to_pyerr(py, e))?;
-                self.waits.checks.fetch_add(1, Ordering::Relaxed);
-                Mark::Store(a, b)
-            };
-            // The first mark is where the wait starts (the first query runs anyway); every
-            // later move is news.
-            let moved = mark.is_some_and(|m| m != seen);
+            let seen = self.read(ledger, py)?;
+            let moved = seen != self.mark;
+            self.mark = seen;
             if moved {
-                hot_until = now + HOT;
+                self.hot_until = now + HOT;
                 if matches!(seen, Mark::Signal(_)) {
-                    self.waits.wakeups.fetch_add(1, Ordering::Relaxed);
+                    ledger.waits.wakeups.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            mark = Some(seen);
-            let due = match (queried, seen) {
-                (None, _) => true,
-                (Some(_), Mark::Signal(_)) => moved,
-                (Some(q), Mark::Store(..)) => {
-                    now < hot_until || now.duration_since(q) >= IDLE_QUERY
+            let due = match seen {
+                Mark::Signal(_) => moved,
+                Mark::Store(..) => {
+                    now < self.hot_until || now.duration_since(self.queried) >= IDLE_QUERY
                 }
             };
             if due {
-                let got = self.run(py, |s, _| {
-                    events::read(
-                        s,
-                        w.run_id.as_deref(),
-                        w.after_seq,
-                        w.limit,
-                        w.types.as_deref(),
-                    )
-                })?;
-                self.waits.queries.fetch_add(1, Ordering::Relaxed);
-                queried = Some(now);
-                if !got.is_empty() {
-                    return Ok(got);
-                }
+                // Space the queries of a burst of notifications by a tick (polling already
+                // sleeps a tick between reads).
+                let next = self.queried + TICK;
+                py.detach(|| std::thread::sleep(next.saturating_duration_since(Instant::now())));
+                self.queried = Instant::now();
+                return Ok(true);
             }
             if now >= deadline {
-                return Ok(Vec::new());
+                return Ok(false);
             }
             py.check_signals()?;
-            if let (Mark::Signal(count), Some(signal)) = (seen, signal.as_deref()) {
-                let until = deadline.min(Instant::now() + CHECK_INTERRUPT);
-                py.detach(|| {
-                    signal.wait_past(count, until);
-                    // Space the queries of a burst of notifications by a tick.
-                    let next = queried.map_or(now, |q| q + TICK);
-                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
-                });
+            if let (Mark::Signal(count), Some(signal)) = (seen, self.signal.as_deref()) {
+                let until = deadline.min(now + CHECK_INTERRUPT);
+                py.detach(|| signal.wait_past(count, until));
             } else {
                 let nap = TICK.min(deadline.saturating_duration_since(now));
                 py.detach(|| std::thread::sleep(nap));
             }
         }
     }
+}
+
+impl PyLedger {
+    /// Events after `after_seq` as soon as one is committed, or none after `timeout`.
+    pub(super) fn wait_events_in(&self, py: Python<'_>, w: &Wait) -> PyResult<Vec<Event>> {
+        let deadline = Instant::now() + w.timeout;
+        // A wait of 0 is one query: nothing to pace.
+        let mut pacer = if w.timeout.is_zero() {
+            None
+        } else {
+            Some(Pacer::new(self, py)?)
+        };
+        loop {
+            let got = self.run(py, |s, _| {
+                events::read(
+                    s,
+                    w.run_id.as_deref(),
+                    w.after_seq,
+                    w.limit,
+                    w.types.as_deref(),
+                )
+            })?;
+            self.waits.queries.fetch_add(1, Ordering::Relaxed);
+            if !got.is_empty() {
+                return Ok(got);
+            }
+            let Some(p) = pacer.as_mut() else {
+                return Ok(Vec::new());
+            };
+            if !p.due(self, py, deadline)? {
+                return Ok(Vec::new());
+            }
+        }
+    }
+}
+
+/// A pacer for many waiters at once: `AsyncLedger` keeps one per event loop, in a thread of its
+/// own, and wakes every coroutine in `wait_events` when [`PyWatch::next`] says the events may
+/// have changed, so waiting coroutines hold no thread each. One thread at a time may wait on it.
+#[pyclass(frozen, module = "fencepost._core", name = "Watch")]
+pub struct PyWatch {
+    ledger: Py<PyLedger>,
+    pacer: std::sync::Mutex<Pacer>,
+}
+
+#[pymethods]
+impl PyWatch {
+    /// Block, without the GIL, until the events may have changed (`True`: query now) or
+    /// `timeout_s` passes (`False`).
+    fn next(&self, py: Python<'_>, timeout_s: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let deadline = Instant::now() + timeout(timeout_s)?;
+        // Never blocks with the GIL held: a second thread is refused instead (the first may be
+        // waiting for the GIL to come back from its wait).
+        let Ok(mut pacer) = self.pacer.try_lock() else {
+            return Err(to_pyerr(
+                py,
+                LedgerError::invalid(
+                    "watch",
+                    "is being waited on by another thread; make one watch per thread",
+                ),
+            ));
+        };
+        pacer.due(self.ledger.get(), py, deadline)
+    }
+}
+
+impl PyWatch {
+    pub(super) fn new(ledger: Bound<'_, PyLedger>) -> PyResult<Self> {
+        let pacer = Pacer::new(ledger.get(), ledger.py())?;
+        Ok(Self {
+            ledger: ledger.unbind(),
+            pacer: std::sync::Mutex::new(pacer),
+        })
+    }
+}
+
+/// `timeout_s` checked as `wait_events` checks it, in seconds (`AsyncLedger.wait_events` checks
+/// its argument before it waits in its own way).
+#[pyfunction]
+pub fn wait_timeout(timeout_s: &Bound<'_, PyAny>) -> PyResult<f64> {
+    timeout(timeout_s).map(|d| d.as_secs_f64())
 }
 
 /// `timeout_s` as a duration: a finite number of seconds (int or float), 0 or more.

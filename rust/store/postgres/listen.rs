@@ -84,11 +84,14 @@ impl Listener {
 }
 
 impl Drop for Listener {
+    /// Stop the thread, then leave the signal not live, so a waiter still holding it falls back
+    /// to the store (which says it is closed).
     fn drop(&mut self) {
         let _ = self.stop.send(Msg::Stop);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        self.signal.set_live(false);
     }
 }
 

@@ -34,9 +34,9 @@ use crate::writer::{Config, Op, Writer};
 mod call;
 mod retention;
 mod wait;
-pub use wait::{wait_timeout, PyWatch};
 use crate::attempts::UnitFilter;
 use crate::{attempts, blobs, events, leases, queue};
+pub use wait::{wait_timeout, PyWatch};
 
 /// The ledger handle: one connection behind the group-commit writer, shared safely between
 /// threads. Reserves, finishes, heartbeats, claims, status moves and step completions queue

@@ -223,11 +223,18 @@ DISPATCH_UNITS = 60  # per thread: a fixed amount of work, ~1 s per round at 2 0
 
 
 def _dispatcher(
-    i: int, url: str, run_id: str, threads: int, per: int, start: Any, queue: Any
+    i: int,
+    url: str,
+    run_id: str,
+    threads: int,
+    per: int,
+    start: Any,
+    queue: Any,
+    durability: str = "normal",
 ) -> None:
     """One dispatcher process: ``threads`` threads on one Ledger, each reserving and finishing
     its own units one at a time; puts its group_stats and CPU seconds on the queue."""
-    with fp.Ledger.open(url) as ledger:
+    with fp.Ledger.open(url, durability=durability) as ledger:  # type: ignore[arg-type]
         failed: list[BaseException] = []
 
         def work(t: int) -> None:
@@ -253,7 +260,9 @@ def _dispatcher(
     queue.put((i, repr(failed[0]) if failed else None, stats, cpu))
 
 
-def dispatch_throughput(url: str, procs: int, threads: int, per: int) -> dict[str, Any]:
+def dispatch_throughput(
+    url: str, procs: int, threads: int, per: int, durability: str = "normal"
+) -> dict[str, Any]:
     """Units/s of ``procs`` processes x ``threads`` callers reserving and finishing units in
     one run, from the common start to the last process's end, and each process's writer
     figures: calls per group, and the time a group spends in its transaction (which on one run
@@ -263,7 +272,9 @@ def dispatch_throughput(url: str, procs: int, threads: int, per: int) -> dict[st
     start = CTX.Barrier(procs + 1)
     queue = CTX.Queue()
     ps = [
-        CTX.Process(target=_dispatcher, args=(i, url, run_id, threads, per, start, queue))
+        CTX.Process(
+            target=_dispatcher, args=(i, url, run_id, threads, per, start, queue, durability)
+        )
         for i in range(procs)
     ]
     for p in ps:

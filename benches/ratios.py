@@ -55,7 +55,44 @@ def main(path: str) -> int:
     dispatchers(
         [b["extra_info"] for b in data["benchmarks"] if "dispatch_units_per_s" in b["extra_info"]]
     )
+    waits([b["extra_info"] for b in data["benchmarks"]])
     return 0
+
+
+def waits(rows: list[dict[str, Any]]) -> None:
+    """The controller's queue and waiting (bench_postgres.py, bench_wait.py): items taken per
+    second by N processes, fencepost's ``claim_next`` over pgqueuer's dequeue; wake-up
+    latency; an idle follower's statements per second; writers beside waiting listeners."""
+    taken = {r["impl"]: r["items_per_s"] for r in rows if "items_per_s" in r}
+    if taken:
+        print()
+        print("| processes | fencepost claim_next items/s | pgqueuer dequeue items/s | ratio |")
+        print("|---|--:|--:|--:|")
+        for n in sorted({int(k.rsplit("x", 1)[1]) for k in taken}):
+            ours, peer = taken.get(f"fencepost x{n}"), taken.get(f"pgqueuer x{n}")
+            ratio = f"{ours / peer:.2f}x" if ours and peer else ""
+            print(f"| {n} | {ours} | {peer} | {ratio} |")
+    wake = [r for r in rows if "wake" in r]
+    if wake:
+        print()
+        print("| waiter | wake p50 ms | wake p99 ms |")
+        print("|---|--:|--:|")
+        for r in wake:
+            print(f"| {r['impl']} | {r['wake']['p50_ms']} | {r['wake']['p99_ms']} |")
+    idle = [r for r in rows if "idle" in r]
+    if idle:
+        print()
+        print("| idle follower | events queries/s | change-mark reads/s |")
+        print("|---|--:|--:|")
+        for r in idle:
+            print(f"| {r['impl']} | {r['idle']['queries_per_s']} | {r['idle']['checks_per_s']} |")
+    writers = [r for r in rows if "writer_units_per_s" in r]
+    if writers:
+        print()
+        print("| writers (4 x 16 callers) | units/s | listener wake-ups |")
+        print("|---|--:|--:|")
+        for r in writers:
+            print(f"| {r['impl']} | {r['writer_units_per_s']} | {r['listener_wakeups']} |")
 
 
 def dispatchers(rows: list[dict[str, Any]]) -> None:

@@ -119,7 +119,11 @@ impl PgStore {
     /// Connect to `url`, choose the schema (`?schema=` or `schema`), apply the session settings
     /// and migrate.
     pub fn open(url: &str, schema: Option<&str>, opts: &OpenOptions, now_ms: i64) -> Result<Self> {
-        let target = Target::parse(url, schema)?;
+        let mut target = Target::parse(url, schema)?;
+        // Without a flush to wait for, a NOTIFY inside the transaction holds PostgreSQL's
+        // notify lock only while the commit record is written; with one (`full`) it goes after
+        // the commit, in a transaction of its own (see `tx::Tx::end`).
+        target.notify_in_commit = opts.durability == Durability::Normal;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -29,6 +29,9 @@ pub(super) struct Target {
     pub(super) notify: String,
     /// `LISTEN` on that channel, for `wait_events` (see `listen`).
     pub(super) listen: String,
+    /// Whether the `NOTIFY` goes inside the committing transaction (durability `normal`) or
+    /// after it (see `tx::Tx::end`).
+    pub(super) notify_in_commit: bool,
 }
 
 /// The channel a schema's commits are announced on: `fencepost_` and 32 hex digits of the
@@ -135,6 +138,7 @@ impl Target {
             tls,
             notify: format!("NOTIFY {}", channel(&schema)),
             listen: format!("LISTEN {}", channel(&schema)),
+            notify_in_commit: false,
             schema,
         })
     }

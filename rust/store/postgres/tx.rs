@@ -100,18 +100,25 @@ impl<'a> Tx<'a> {
     /// server answers the `COMMIT` with a rollback: nothing is written). A read, or a refused
     /// write, rolls back. The transaction's outcome.
     ///
-    /// A commit of a transaction that locked a run is followed, in the same round trip, by a
-    /// `NOTIFY` on the schema's channel, which wakes `wait_events` waiters (see `listen`). Those
+    /// A commit of a transaction that locked a run also sends a `NOTIFY` on the schema's
+    /// channel, in the same round trip, which wakes `wait_events` waiters (see `listen`). Those
     /// are the transactions that append events, and the only ones that put down a floor under
     /// the event cursor (`sql::EVENT_FLOOR_LOCK_SQL`), so also the only ones whose end can let a
-    /// reader see events it was held back from. The `NOTIFY` is a transaction of its own, after
-    /// the commit: PostgreSQL serializes the commits of notifying transactions on one lock, held
-    /// through the commit's flush, and a transaction that wrote nothing else commits without
-    /// waiting for a flush, so the lock is held for microseconds whatever the ledger's
-    /// durability. Its failure is not the write's: the commit's answer alone is the outcome.
+    /// reader see events it was held back from. PostgreSQL serializes the commits of notifying
+    /// transactions on one lock, held until the commit is done, flush included. So where the
+    /// commit waits for no flush (durability `normal`) the `NOTIFY` is part of the transaction
+    /// and the lock is held while its commit record is written; where it waits (`full`) the
+    /// `NOTIFY` goes right after the `COMMIT`, a transaction of its own that wrote nothing else
+    /// and so commits without waiting for a flush, and its failure is not the write's: the
+    /// commit's answer alone is the outcome. Either way listeners hear of it after the commit.
     pub(super) fn end(&self, out: Result<()>, commit: bool) -> Result<()> {
         if out.is_ok() && commit && self.pipe.begun() {
-            if self.locked.borrow().is_empty() {
+            let notify = !self.locked.borrow().is_empty();
+            if !notify || self.target.notify_in_commit {
+                if notify {
+                    self.pipe
+                        .push(Queued::Simple(self.target.notify.clone().into()));
+                }
                 return self
                     .send(Some(Req::Simple("COMMIT")), false)
                     .map(|_| ())

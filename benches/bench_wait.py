@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from tests.conftest import pg_connect, pg_schema
+from tests.wakeups import wake_latencies
 
 import fencepost as fp
 from benches.bench_postgres import dispatch_throughput
@@ -31,18 +32,6 @@ from benches.conftest import label, plaintext
 CTX = multiprocessing.get_context("spawn")
 WRITES = 150
 IDLE_S = 3.0
-
-
-def _writer(target: str, start: Any, queue: Any) -> None:
-    """One event every 10-30 ms; when each write began."""
-    begun: list[float] = []
-    with fp.Ledger.open(target) as ledger:
-        start.wait()
-        for n in range(WRITES):
-            time.sleep(0.010 + (n % 5) * 0.005)
-            begun.append(time.time())
-            ledger.reserve_attempt("w", f"u{n:03d}", step_id="s")
-    queue.put(begun)
 
 
 def _notifier(url: str, start: Any, queue: Any) -> None:
@@ -68,26 +57,7 @@ def _percentiles(latencies: list[float]) -> dict[str, float]:
 
 def _fencepost_wakeups(target: str, listen: bool) -> dict[str, float]:
     with fp.Ledger.open(target, listen=listen) as ledger:
-        ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="w", force=True)
-        after = ledger.events("w")[-1].seq
-        start, queue = CTX.Event(), CTX.Queue()
-        proc = CTX.Process(target=_writer, args=(target, start, queue))
-        proc.start()
-        woke: dict[str, float] = {}
-        start.set()
-        deadline = time.monotonic() + 120
-        while len(woke) < WRITES and time.monotonic() < deadline:
-            got = ledger.wait_events("w", after_seq=after, timeout_s=5, types=["unit.started"])
-            now = time.time()
-            for e in got:
-                woke.setdefault(e.payload["unit_id"], now)
-            if got:
-                after = got[-1].seq
-        begun = queue.get(timeout=120)
-        proc.join(60)
-        assert proc.exitcode == 0
-    assert len(woke) == WRITES
-    return _percentiles([woke[f"u{n:03d}"] - begun[n] for n in range(WRITES)])
+        return _percentiles(wake_latencies(ledger, target, WRITES, 0.010))
 
 
 def _floor_wakeups(url: str) -> dict[str, float]:

@@ -17,6 +17,7 @@ import fencepost as fp
 from fencepost.aio import AsyncLedger
 from tests.conftest import pg_connect, pg_schema
 from tests.processes import SPAWN
+from tests.wakeups import wake_latencies
 
 STEPS = [{"id": "s"}]
 
@@ -67,42 +68,10 @@ def test_bad_arguments(ledger: fp.Ledger, kwargs: dict[str, Any], argument: str)
 WRITES = 200
 
 
-def _writer(target: str, start: Any, queue: Any) -> None:
-    """Append one event every 15-35 ms; report when each write began."""
-    begun: list[float] = []
-    with fp.Ledger.open(target) as ledger:
-        start.wait()
-        for n in range(WRITES):
-            time.sleep(0.015 + (n % 5) * 0.005)
-            begun.append(time.time())
-            ledger.reserve_attempt("w", f"u{n:03d}", step_id="s")
-    queue.put(begun)
-
-
 def test_wakes_within_50_ms_of_another_process_commit(
     ledger: fp.Ledger, ledger_target: str
 ) -> None:
-    _run(ledger, "w")
-    after = ledger.events("w")[-1].seq
-    start = SPAWN.Event()
-    queue = SPAWN.Queue()
-    proc = SPAWN.Process(target=_writer, args=(ledger_target, start, queue))
-    proc.start()
-    woke: dict[str, float] = {}
-    start.set()
-    deadline = time.monotonic() + 60
-    while len(woke) < WRITES and time.monotonic() < deadline:
-        got = ledger.wait_events("w", after_seq=after, timeout_s=5, types=["unit.started"])
-        now = time.time()
-        for e in got:
-            woke.setdefault(e.payload["unit_id"], now)
-        if got:
-            after = got[-1].seq
-    begun = queue.get(timeout=60)
-    proc.join(30)
-    assert proc.exitcode == 0
-    assert len(woke) == WRITES
-    latencies = sorted(woke[f"u{n:03d}"] - begun[n] for n in range(WRITES))
+    latencies = wake_latencies(ledger, ledger_target, WRITES, 0.015)
     p99 = latencies[int(WRITES * 0.99) - 1]
     assert p99 < 0.050, (f"p50 {latencies[WRITES // 2] * 1000:.1f} ms", f"p99 {p99 * 1000:.1f} ms")
 

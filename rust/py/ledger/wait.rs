@@ -89,20 +89,19 @@ impl Pacer {
         let signal: Option<Arc<Signal>> = py
             .detach(|| ledger.writer()?.with_store(|s| s.signal()))
             .map_err(|e| to_pyerr(py, e))?;
+        let mark = Self::read(signal.as_deref(), ledger, py)?;
         let now = Instant::now();
-        let mut pacer = Self {
+        Ok(Self {
             signal,
-            mark: Mark::Signal(0),
+            mark,
             hot_until: now,
             queried: now,
-        };
-        pacer.mark = pacer.read(ledger, py)?;
-        Ok(pacer)
+        })
     }
 
     /// The signal's count while it is live, else the store's change mark.
-    fn read(&self, ledger: &PyLedger, py: Python<'_>) -> PyResult<Mark> {
-        if let Some(count) = self.signal.as_deref().and_then(Signal::mark) {
+    fn read(signal: Option<&Signal>, ledger: &PyLedger, py: Python<'_>) -> PyResult<Mark> {
+        if let Some(count) = signal.and_then(Signal::mark) {
             return Ok(Mark::Signal(count));
         }
         let (a, b) = py
@@ -122,7 +121,7 @@ impl Pacer {
     ) -> PyResult<bool> {
         loop {
             let now = Instant::now();
-            let seen = self.read(ledger, py)?;
+            let seen = Self::read(self.signal.as_deref(), ledger, py)?;
             let moved = seen != self.mark;
             self.mark = seen;
             if moved {

@@ -229,6 +229,7 @@ fn new_attempt_row(
         ("run_id".into(), Value::Str(run_id.to_owned())),
         ("runner".into(), opt_str(u.runner.as_ref())),
         ("step_id".into(), Value::Str(u.step_id.clone())),
+        ("trace_context".into(), opt_str(u.trace_context.as_ref())),
         ("unit_id".into(), Value::Str(u.unit_id.clone())),
         ("worktree_path".into(), opt_str(u.worktree_path.as_ref())),
     ];
@@ -350,7 +351,8 @@ fn reserve_one(
             u.input_hash,
             u.holder,
             actor.generation,
-            now_ms
+            now_ms,
+            u.trace_context
         ],
     )?;
     let payload = started_payload(run_id, u, attempt, dispatch_id);
@@ -398,7 +400,14 @@ fn reclaim(
     let (reclaims, lease_generation) = tx
         .row(
             &sql::RECLAIM_ATTEMPT_SQL,
-            params![run_id, u.unit_id, attempt, u.holder, generation],
+            params![
+                run_id,
+                u.unit_id,
+                attempt,
+                u.holder,
+                generation,
+                u.trace_context
+            ],
             |r| Ok((r.get::<i64>(0)?, r.get::<Option<i64>>(1)?)),
         )?
         .unwrap_or((0, generation));

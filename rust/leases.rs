@@ -242,6 +242,8 @@ pub fn read(tx: &dyn Tx, run_id: &str) -> Result<Lease> {
         owner_type: None,
         expires_at: None,
         heartbeat_at: None,
+        takeovers: 0,
+        refused_writes: 0,
     }))
 }
 
@@ -253,6 +255,8 @@ fn lease_from_row(run_id: &str, r: &dyn Row) -> DbResult<Lease> {
         owner_type: r.get(2)?,
         expires_at: r.get(3)?,
         heartbeat_at: r.get(4)?,
+        takeovers: r.get(5)?,
+        refused_writes: r.get(6)?,
     })
 }
 
@@ -339,6 +343,12 @@ pub(crate) fn decide(
     }
     let expires_at = now_ms.saturating_add(spec.lease_ms);
     let generation = current.generation + 1;
+    // Another owner still named on the lease: its claim expired and this claim takes over
+    // (`CLAIM_SQL` counts it by the same rule).
+    let taken_from = current
+        .owner_id
+        .clone()
+        .filter(|owner| *owner != spec.runner_id);
     let mut payload = vec![
         ("expires_at".into(), Value::Int(expires_at)),
         ("generation".into(), Value::Int(generation)),
@@ -351,6 +361,10 @@ pub(crate) fn decide(
             Value::Str(RunStatus::Starting.as_str().into()),
         ));
     }
+    // Members in key order, as canonical JSON writes them.
+    if let Some(owner) = &taken_from {
+        payload.push(("taken_from".into(), Value::Str(owner.clone())));
+    }
     Ok(Some(Decided {
         previous: current.generation,
         owner_type: owner_type(&spec.runner_id),
@@ -362,6 +376,7 @@ pub(crate) fn decide(
             token: spec.token.clone(),
             owner_id: spec.runner_id.clone(),
             expires_at,
+            taken_from,
         },
     }))
 }
@@ -504,6 +519,7 @@ pub(crate) fn heartbeat_in(
         token: token.to_owned(),
         owner_id: actor.id.unwrap_or_default(),
         expires_at,
+        taken_from: None,
     })
 }
 
@@ -546,6 +562,8 @@ fn run_lease_from_row(r: &dyn Row) -> DbResult<Lease> {
         owner_type: r.get(3)?,
         expires_at: r.get(4)?,
         heartbeat_at: r.get(5)?,
+        takeovers: r.get(6)?,
+        refused_writes: r.get(7)?,
     })
 }
 

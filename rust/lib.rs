@@ -12,6 +12,7 @@ pub mod events;
 pub mod ids;
 pub mod leases;
 pub mod model;
+pub mod observe;
 pub mod queue;
 pub mod retention;
 pub mod runs;
@@ -52,6 +53,9 @@ mod _core {
 
     #[pymodule_export]
     use crate::py::ledger::{wait_timeout, PyWatch};
+
+    #[pymodule_export]
+    use crate::py::observe::{notices_dropped, observe_groups};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

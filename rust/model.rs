@@ -124,6 +124,8 @@ pub struct Attempt {
     pub started_at: i64,
     /// Finish time.
     pub finished_at: Option<i64>,
+    /// The W3C `traceparent` the attempt was reserved (or last reclaimed) under.
+    pub trace_context: Option<String>,
 }
 
 /// What a reservation returns.
@@ -220,6 +222,9 @@ pub struct Claim {
     pub owner_id: String,
     /// When it lapses unless renewed (epoch ms, the ledger's clock).
     pub expires_at: i64,
+    /// The owner whose expired claim this one took over (a takeover); `None` when the lease
+    /// had no owner, was this runner's own, or this is a heartbeat's renewed claim.
+    pub taken_from: Option<String>,
 }
 
 /// The lease row of a run.
@@ -237,4 +242,8 @@ pub struct Lease {
     pub expires_at: Option<i64>,
     /// Last claim or heartbeat.
     pub heartbeat_at: Option<i64>,
+    /// Claims that took the lease from another owner whose claim had expired.
+    pub takeovers: i64,
+    /// Fenced writes refused because their claim no longer held the lease.
+    pub refused_writes: i64,
 }

@@ -372,6 +372,8 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
                         owner_type: None,
                         expires_at: r.get(3)?,
                         heartbeat_at: None,
+                        takeovers: 0,
+                        refused_writes: 0,
                     }),
                     None => None,
                 };

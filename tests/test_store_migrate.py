@@ -121,6 +121,7 @@ def test_open_creates_the_schema_and_records_the_migration() -> None:
                 (3, "prune"),
                 (4, "reads"),
                 (5, "queue"),
+                (6, "fencing"),
             ]
             tables = {
                 r[0]
@@ -155,6 +156,10 @@ DROP INDEX runs_prune, runs_definition_ref, runs_params_ref, runs_input_ref,
     runs_launch_options_ref, runs_source_ref, runs_plan_ref, runs_outputs_ref, events_rare_type;
 """
 # What 0005_queue added, taken away again.
+UNDO_0006 = """
+ALTER TABLE leases DROP COLUMN takeovers, DROP COLUMN refused_writes;
+ALTER TABLE attempts DROP COLUMN trace_context;
+"""
 UNDO_0005 = "DROP INDEX runs_queued;"
 # What 0004_reads added, taken away again: the recency index as version 1 made it.
 UNDO_0004 = """
@@ -184,11 +189,12 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
             conn.execute("DELETE FROM schema_migrations WHERE version >= 2")
             conn.execute("ALTER TABLE attempts RESET (fillfactor)")
             conn.execute("ALTER TABLE units RESET (fillfactor)")
+            conn.execute(UNDO_0006)
             conn.execute(UNDO_0005)
             conn.execute(UNDO_0004)
             conn.execute(UNDO_0003)
         with fp.Ledger.open(url) as ledger:
-            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 5
+            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 6
             assert ledger.finish_attempt(
                 "old", "u1", res.attempt, res.dispatch_id, status="completed"
             )
@@ -203,6 +209,7 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
                 (3, "prune"),
                 (4, "reads"),
                 (5, "queue"),
+                (6, "fencing"),
             ]
             options = dict(
                 conn.execute(

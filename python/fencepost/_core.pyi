@@ -105,6 +105,7 @@ class _Unit(TypedDict):
     worktree_path: str | None
     parent_unit_id: str | None
     holder: str | None
+    trace_context: str | None
 
 class _Finish(TypedDict):
     run_id: str
@@ -310,3 +311,8 @@ class Watch:
     def next(self, timeout_s: float) -> bool: ...
 
 def wait_timeout(timeout_s: float) -> float: ...
+def observe_groups(on: bool) -> None:
+    """Queue the size of every committed group for ``fencepost._observe`` (metrics), or stop."""
+
+def notices_dropped() -> int:
+    """Notices the core dropped because nothing drained its queue in time."""

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Literal
 
-from fencepost import _archive, _core
+from fencepost import _archive, _core, _observe
 from fencepost.errors import InvalidArgument
 from fencepost.models import (
     Accounting,
@@ -451,9 +452,14 @@ class Ledger:
         parent_unit_id: str | None = None,
         holder: str | None = None,
         claim: Claim | None = None,
+        trace_context: str | None = None,
     ) -> Reservation:
         """Reserve attempt n+1 of a unit, or reclaim its still-running latest attempt in place
-        (same number and ``dispatch_id``; refused if ``step_id``/``input_hash`` changed)."""
+        (same number and ``dispatch_id``; refused if ``step_id``/``input_hash`` changed).
+
+        ``trace_context`` is a W3C ``traceparent`` kept on the attempt (a reclaim keeps the
+        reclaimer's), so whoever does the attempt's work can link its span to the one that
+        handed it out; :mod:`fencepost.otel` fills it in from the current span."""
         return self._core.reserve_attempt(
             run_id,
             {
@@ -468,6 +474,7 @@ class Ledger:
                 "worktree_path": worktree_path,
                 "parent_unit_id": parent_unit_id,
                 "holder": holder,
+                "trace_context": trace_context,
             },
             claim,
         )
@@ -752,13 +759,22 @@ class Ledger:
                 cutoff_ms=cutoff_ms, age_ms=age_ms, statuses=wanted, limit=limit,
                 dry_run=dry_run, sink=None, progress=report,
             )  # fmt: skip
-            return PruneReport(**done)
-        with _archive.writer(archive, dry_run=dry_run) as sink:
-            done = self._core.prune(
-                cutoff_ms=cutoff_ms, age_ms=age_ms, statuses=wanted, limit=limit,
-                dry_run=dry_run, sink=sink, progress=report,
-            )  # fmt: skip
-        return PruneReport(**done)
+        else:
+            with _archive.writer(archive, dry_run=dry_run) as sink:
+                done = self._core.prune(
+                    cutoff_ms=cutoff_ms, age_ms=age_ms, statuses=wanted, limit=limit,
+                    dry_run=dry_run, sink=sink, progress=report,
+                )  # fmt: skip
+        pruned = PruneReport(**done)
+        _observe.pruned(
+            runs=pruned.runs,
+            attempts=pruned.attempts,
+            events=pruned.events,
+            dry_run=dry_run,
+            archive=os.fspath(archive) if isinstance(archive, str | os.PathLike) else None,
+            older_than=str(older_than),
+        )
+        return pruned
 
     def restore(
         self, archive: _archive.Archive, *, progress: Callable[[int], None] | None = None
@@ -766,7 +782,9 @@ class Ledger:
         """Put back the run trees of an archive ``prune`` wrote (a path or a binary file, gzip
         or not); the number of runs restored. The whole archive is checked first: a truncated
         or foreign file, or a run id that exists in the ledger, is ``InvalidArgument`` and
-        nothing is written. Rows come back exactly as they were, events with their ``seq``.
+        nothing is written. Rows come back exactly as they were, events with their ``seq``
+        (except what only operators read: a lease's ``takeovers`` and ``refused_writes``
+        start again from 0, and attempts lose the trace context they were reserved under).
         ``progress`` is called with the runs restored so far."""
         return self._core.restore(_archive.reader(archive), progress=progress)
 

@@ -171,6 +171,7 @@ class Attempt:
     failure_reason: str | None
     started_at: _dt.datetime
     finished_at: _dt.datetime | None
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,18 +203,28 @@ class Accounting:
 class Claim:
     """A live claim on a run: ``token`` is the secret (only its SHA-256 is stored), so it is
     left out of ``repr()``: logging a claim (or a ``Preparation`` holding one) must not leak
-    it. The attribute itself is there to use."""
+    it. The attribute itself is there to use.
+
+    ``taken_from`` names the owner whose expired claim this one took over (a takeover); it is
+    ``None`` when the lease had no owner or was this runner's own, and on the claims
+    ``heartbeat`` returns."""
 
     run_id: str
     generation: int
     token: str = field(repr=False)
     owner_id: str
     expires_at: _dt.datetime
+    taken_from: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """The lease row of a run; generation 0 and no owner until first claimed."""
+    """The lease row of a run; generation 0 and no owner until first claimed.
+
+    What the fence did on it: ``takeovers`` counts the claims that took the lease from another
+    owner whose claim had expired, ``refused_writes`` the fenced writes it refused because
+    their claim no longer held it (stale owners, released or superseded claims, wrong tokens).
+    """
 
     run_id: str
     generation: int
@@ -221,6 +232,8 @@ class Lease:
     owner_type: str | None
     expires_at: _dt.datetime | None
     heartbeat_at: _dt.datetime | None
+    takeovers: int = 0
+    refused_writes: int = 0
 
 
 _State = TypeVar("_State", bound=PreparationState, default=PreparationState, covariant=True)

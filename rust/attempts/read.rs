@@ -27,6 +27,7 @@ pub fn attempts(store: &mut dyn Store, run_id: &str, unit_id: &str) -> Result<Ve
                 failure_reason: r.get(11)?,
                 started_at: r.get(12)?,
                 finished_at: r.get(13)?,
+                trace_context: r.get(14)?,
             })
         })
     })

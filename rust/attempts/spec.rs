@@ -29,6 +29,9 @@ pub struct UnitSpec {
     pub parent_unit_id: Option<String>,
     /// Who holds the reservation.
     pub holder: Option<String>,
+    /// The W3C `traceparent` of the span that reserved the attempt (a reclaim records the
+    /// reclaimer's), so the work done for it can link back to that span.
+    pub trace_context: Option<String>,
 }
 
 impl UnitSpec {
@@ -41,7 +44,45 @@ impl UnitSpec {
                 format!("{:?} is not a phase; use \"unit\" or \"gate\"", self.phase),
             ));
         }
+        if let Some(tp) = &self.trace_context {
+            check_traceparent(tp)?;
+        }
         Ok(())
+    }
+}
+
+/// A W3C trace context `traceparent` value: `version-trace_id-parent_id-flags` in lowercase
+/// hex (2-32-16-2 digits; a later version may append fields after a `-`), trace and parent ids
+/// not all zero. Anything else is refused rather than stored, since a consumer parses it to
+/// link spans.
+fn check_traceparent(tp: &str) -> Result<()> {
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let parts: Vec<&str> = tp.splitn(5, '-').collect();
+    let ok = tp.len() <= 256
+        && parts.len() >= 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && hex(parts[1], 32)
+        && parts[1].bytes().any(|b| b != b'0')
+        && hex(parts[2], 16)
+        && parts[2].bytes().any(|b| b != b'0')
+        && hex(parts[3], 2)
+        && (parts.len() == 4 || parts[0] != "00");
+    if ok {
+        Ok(())
+    } else {
+        Err(LedgerError::invalid(
+            "trace_context",
+            format!(
+                "{tp:?} is not a W3C traceparent; pass \"00-<32 hex trace id>-<16 hex span \
+                 id>-<2 hex flags>\" (what a propagator's inject() writes under \"traceparent\"), \
+                 or None"
+            ),
+        ))
     }
 }
 

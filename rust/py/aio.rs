@@ -129,7 +129,10 @@ impl AsyncReply for PyReply {
                 reply.deliver(out, Vec::new());
             }
         }
-        through_gate(|py| resolve(py, mine));
+        through_gate(|py| {
+            crate::py::observe::flush(py);
+            resolve(py, mine);
+        });
     }
 }
 

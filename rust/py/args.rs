@@ -205,8 +205,8 @@ struct Keys {
     interned: PyOnceLock<Vec<Py<PyString>>>,
 }
 
-/// The most keywords a set has (`start_run`'s).
-const MAX_KEYS: usize = 11;
+/// The most keywords a set has (a unit to reserve).
+const MAX_KEYS: usize = 12;
 
 impl Keys {
     const fn new(names: &'static [&'static str]) -> Self {

@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyType};
 
 use crate::errors::LedgerError;
+use crate::py::observe;
 
 pyo3::import_exception!(fencepost.errors, NotFound);
 pyo3::import_exception!(fencepost.errors, RunNotFound);
@@ -25,6 +26,27 @@ pyo3::import_exception!(fencepost.errors, StoreError);
 
 /// Build the Python exception for `err`.
 pub fn to_pyerr(py: Python<'_>, err: LedgerError) -> PyErr {
+    // Reported here, where every refusal reaches its caller, and once: the writer's
+    // queued notices are flushed on the same way back.
+    match &err {
+        LedgerError::LeaseLost {
+            run_id,
+            expected_generation,
+            actual_generation,
+            reason,
+        } => observe::refused(
+            py,
+            run_id,
+            *expected_generation,
+            *actual_generation,
+            reason.as_str(),
+        ),
+        LedgerError::StoreBusy { waited_ms, retries } => {
+            observe::gave_up(py, *waited_ms, *retries);
+        }
+        _ => {}
+    }
+    observe::flush(py);
     build(py, err).unwrap_or_else(|e| e)
 }
 

@@ -105,6 +105,7 @@ impl PyLedger {
                 )
             })
             .map_err(|e| to_pyerr(py, e))?;
+        crate::py::observe::flush(py);
         store.label().clone_into(&mut this.target);
         let cfg = Config::new(group_commit, busy_timeout_ms, url.is_some());
         this.writer = Some(Arc::new(Writer::new(store, cfg)));

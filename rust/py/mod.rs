@@ -6,12 +6,14 @@
 //! - `aio`: the same methods called with `future=`: queued without waiting, resolved later.
 //! - `records`: core records -> the model objects of `fencepost.models`.
 //! - `errors`: `LedgerError` -> the exceptions of `fencepost.errors`.
+//! - `observe`: what the core reports -> the `fencepost` logger and metrics.
 
 pub mod aio;
 pub mod args;
 pub mod convert;
 pub mod errors;
 pub mod ledger;
+pub mod observe;
 pub mod records;
 
 use pyo3::prelude::*;

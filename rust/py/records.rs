@@ -311,6 +311,7 @@ pub fn attempt(py: Python<'_>, a: Attempt) -> PyResult<Bound<'_, PyAny>> {
         "failure_reason" => a.failure_reason,
         "started_at" => datetime(py, c, a.started_at)?,
         "finished_at" => opt_datetime(py, c, a.finished_at)?,
+        "trace_context" => a.trace_context,
     )
 }
 
@@ -348,12 +349,18 @@ pub fn accounting(py: Python<'_>, a: Accounting) -> PyResult<Bound<'_, PyAny>> {
 /// `fencepost.Claim` (its token is the secret the caller presents on every fenced write).
 pub fn claim(py: Python<'_>, cl: Claim) -> PyResult<Bound<'_, PyAny>> {
     let c = classes(py)?;
+    // Every committed claim reaches its caller through here: the one place to report a
+    // takeover exactly once.
+    if let Some(from) = &cl.taken_from {
+        crate::py::observe::takeover(py, &cl.run_id, cl.generation, &cl.owner_id, from);
+    }
     build!(py, c.claim;
         "run_id" => cl.run_id,
         "generation" => cl.generation,
         "token" => cl.token,
         "owner_id" => cl.owner_id,
         "expires_at" => datetime(py, c, cl.expires_at)?,
+        "taken_from" => cl.taken_from,
     )
 }
 
@@ -372,6 +379,8 @@ pub fn lease(py: Python<'_>, l: Lease) -> PyResult<Bound<'_, PyAny>> {
         "owner_type" => l.owner_type,
         "expires_at" => opt_datetime(py, c, l.expires_at)?,
         "heartbeat_at" => opt_datetime(py, c, l.heartbeat_at)?,
+        "takeovers" => l.takeovers,
+        "refused_writes" => l.refused_writes,
     )
 }
 

@@ -55,10 +55,11 @@ migrations! {
     3 "prune" "0003_prune.sql";
     4 "reads" "0004_reads.sql";
     5 "queue" "0005_queue.sql";
+    6 "fencing" "0006_fencing.sql";
 }
 
 /// The newest schema version this library knows.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// A backend's part of migrating: what cannot be said in one text for both dialects.
 #[derive(Debug)]
@@ -125,6 +126,8 @@ pub fn vet(tx: &dyn Tx, dialect: &Dialect, label: &str) -> Result<Option<Vec<(i6
 /// the database (or been pointed at it by mistake) since the store's first look.
 pub fn migrate(store: &mut dyn Store, dialect: &Dialect, now_ms: i64) -> Result<i64> {
     let label = store.label().to_owned();
+    // The version found, once the transaction that moved it forward has committed.
+    let mut from = SCHEMA_VERSION;
     store.write(MIGRATING, |tx| {
         if let Some(lock) = &dialect.lock {
             tx.execute_script(lock).map_err(|e| tx.fail(&e))?;
@@ -142,6 +145,7 @@ pub fn migrate(store: &mut dyn Store, dialect: &Dialect, now_ms: i64) -> Result<
                 .map_err(|e| tx.fail(&e))?;
             Vec::new()
         };
+        from = applied.last().map_or(0, |a| a.0);
         for m in pending(&applied, dialect.migrations, &label)? {
             let step = format!("applying schema migration {} ({})", m.version, m.name);
             tx.execute_script(m.sql)
@@ -150,7 +154,14 @@ pub fn migrate(store: &mut dyn Store, dialect: &Dialect, now_ms: i64) -> Result<
                 .map_err(|e| ledger_error(&step, &label, &e))?;
         }
         Ok(SCHEMA_VERSION)
-    })
+    })?;
+    if from < SCHEMA_VERSION {
+        crate::observe::push(crate::observe::Notice::Migrated {
+            from,
+            to: SCHEMA_VERSION,
+        });
+    }
+    Ok(SCHEMA_VERSION)
 }
 
 /// The migrations still to apply after `applied` (the ledger's rows, in version order): a

@@ -314,7 +314,8 @@ pub const LATEST_ATTEMPT_SQL: Sql = Sql::same(
 /// dispatch id stays, and the attempt says which owner handed it out last.
 pub const RECLAIM_ATTEMPT_SQL: Sql = Sql::same(
     "UPDATE attempts SET reclaims = reclaims + 1,
-    holder = coalesce(?4, holder), lease_generation = coalesce(?5, lease_generation)
+    holder = coalesce(?4, holder), lease_generation = coalesce(?5, lease_generation),
+    trace_context = coalesce(?6, trace_context)
     WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3
     RETURNING reclaims, lease_generation",
 );
@@ -359,7 +360,8 @@ pub const RESERVE_ATTEMPT_UNIT_SQL: Sql = Sql::same(concat!(
 pub const RESERVE_ATTEMPT_INSERT_SQL: Sql = Sql::same(
     "INSERT INTO attempts(run_id, unit_id, attempt,
     dispatch_id, step_id, node_id, phase, input_hash, status, holder, lease_generation,
-    started_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'running', ?9, ?10, ?11)",
+    started_at, trace_context) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'running', ?9, ?10, ?11,
+    ?12)",
 );
 
 /// The finish compare-and-set, which makes every attempt finish once: only a still-running
@@ -380,7 +382,8 @@ pub const FINISH_ATTEMPT_UNIT_SQL: Sql = Sql::same(
 
 pub const LIST_ATTEMPTS_SQL: Sql = Sql::same(
     "SELECT run_id, unit_id, attempt, dispatch_id, status, phase,
-    holder, lease_generation, reclaims, result, tokens, failure_reason, started_at, finished_at
+    holder, lease_generation, reclaims, result, tokens, failure_reason, started_at, finished_at,
+    trace_context
     FROM attempts WHERE run_id = ?1 AND unit_id = ?2 ORDER BY attempt",
 );
 /// A page of a run's units in order of first reservation: ?1 the run, (?2 `first_started_at`,
@@ -439,20 +442,27 @@ pub const FENCE_SQL: Sql = Sql::same(
     FROM leases WHERE resource_id = ?1",
 );
 pub const LEASE_SQL: Sql = Sql::same(
-    "SELECT generation, owner_id, owner_type, expires_at, heartbeat_at
-    FROM leases WHERE resource_id = ?1",
+    "SELECT generation, owner_id, owner_type, expires_at, heartbeat_at, takeovers,
+    refused_writes FROM leases WHERE resource_id = ?1",
 );
 /// Runs made by `start_run` get their lease row on first claim; queued runs have it already.
 pub const CREATE_LEASE_SQL: Sql =
     Sql::same("INSERT INTO leases(resource_id, generation) VALUES (?1, 0) ON CONFLICT DO NOTHING");
 /// The compare-and-set of a claim: `generation = ?2` is the generation read in this same
 /// transaction, so a claim that raced another (on PostgreSQL, where two can read the same row)
-/// changes nothing instead of taking a generation twice.
+/// changes nothing instead of taking a generation twice. A claim is a takeover when the lease
+/// still names another owner (whose claim expired: a live one is never taken); the right-hand
+/// side reads the row as it was, so the count needs no statement of its own.
 pub const CLAIM_SQL: Sql = Sql::same(
     "UPDATE leases SET generation = generation + 1, owner_type = ?3,
-    owner_id = ?4, token_hash = ?5, acquired_at = ?6, heartbeat_at = ?6, expires_at = ?7
+    owner_id = ?4, token_hash = ?5, acquired_at = ?6, heartbeat_at = ?6, expires_at = ?7,
+    takeovers = takeovers + CASE WHEN owner_id IS NOT NULL AND owner_id <> ?4 THEN 1 ELSE 0 END
     WHERE resource_id = ?1 AND generation = ?2",
 );
+/// Count a fenced write the lease refused. Its own transaction: the refused write's is rolled
+/// back, and the count must not depend on anything else that transaction held.
+pub const REFUSED_WRITE_SQL: Sql =
+    Sql::same("UPDATE leases SET refused_writes = refused_writes + 1 WHERE resource_id = ?1");
 /// The fence is repeated in the statement itself (generation, token hash, unexpired), so the
 /// write cannot land on a lease that moved even if the check before it were skipped.
 pub const HEARTBEAT_SQL: Sql = Sql::same(
@@ -469,13 +479,13 @@ pub const RELEASE_SQL: Sql = Sql::same(
 /// serves it; ?2 = 1 keeps only leases of `active` runs (what `fencepost doctor` reports).
 pub const EXPIRED_LEASES_SQL: Sql = Sql::split(
     "SELECT l.resource_id, l.generation, l.owner_id,
-    l.owner_type, l.expires_at, l.heartbeat_at
+    l.owner_type, l.expires_at, l.heartbeat_at, l.takeovers, l.refused_writes
     FROM leases l JOIN runs r ON r.run_id = l.resource_id
     WHERE l.expires_at <= ?1 AND r.status NOT IN ('completed', 'failed', 'cancelled')
       AND (?2 = 0 OR r.status = 'active')
     ORDER BY l.expires_at, l.resource_id",
     "SELECT l.resource_id, l.generation, l.owner_id,
-    l.owner_type, l.expires_at, l.heartbeat_at
+    l.owner_type, l.expires_at, l.heartbeat_at, l.takeovers, l.refused_writes
     FROM leases l JOIN runs r ON r.run_id = l.resource_id
     WHERE l.expires_at <= ?1 AND r.status NOT IN ('completed', 'failed', 'cancelled')
       AND (CAST(?2 AS BIGINT) = 0 OR r.status = 'active')
@@ -485,11 +495,11 @@ pub const EXPIRED_LEASES_SQL: Sql = Sql::split(
 /// claimed has no lease row yet and reads as generation 0 without an owner, as `lease` says.
 pub const LEASES_SQL: Sql = Sql::split(
     "SELECT r.run_id, coalesce(l.generation, 0), l.owner_id, l.owner_type, l.expires_at,
-    l.heartbeat_at
+    l.heartbeat_at, coalesce(l.takeovers, 0), coalesce(l.refused_writes, 0)
     FROM runs r LEFT JOIN leases l ON l.resource_id = r.run_id
     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id DESC",
     "SELECT r.run_id, coalesce(l.generation, 0), l.owner_id, l.owner_type, l.expires_at,
-    l.heartbeat_at
+    l.heartbeat_at, coalesce(l.takeovers, 0), coalesce(l.refused_writes, 0)
     FROM runs r LEFT JOIN leases l ON l.resource_id = r.run_id
     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id COLLATE \"C\" DESC",
 );
@@ -497,8 +507,8 @@ pub const LEASES_SQL: Sql = Sql::split(
 /// cleared together, so these are exactly the rows of the partial `leases_expires` index, and
 /// the read costs what the live owners do, not what the ledger's history does.
 pub const OWNED_LEASES_SQL: Sql = Sql::same(
-    "SELECT resource_id, generation, owner_id, owner_type, expires_at, heartbeat_at
-    FROM leases WHERE expires_at IS NOT NULL ORDER BY expires_at, resource_id",
+    "SELECT resource_id, generation, owner_id, owner_type, expires_at, heartbeat_at,
+    takeovers, refused_writes FROM leases WHERE expires_at IS NOT NULL ORDER BY expires_at, resource_id",
 );
 
 // ------------------------------------------------------------------ queue

@@ -275,6 +275,7 @@ fn heartbeat(
         token: token.to_owned(),
         owner_id: actor.id.unwrap_or_default(),
         expires_at,
+        taken_from: None,
     }))
 }
 

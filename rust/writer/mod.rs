@@ -28,6 +28,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::errors::{LedgerError, Result};
+use crate::observe;
 use crate::store::Store;
 pub use group::{run_group, Outcome};
 pub use op::{Op, Output};
@@ -168,6 +169,30 @@ fn closed_before(op: &Op) -> LedgerError {
     }
 }
 
+/// Count on their leases the fenced writes among `errors` that the fence refused, before their
+/// callers are answered (so a caller that saw the refusal finds it counted). Best effort: the
+/// refusal is the caller's answer whether or not the count lands, and a store that cannot
+/// write the count now would have failed the write itself.
+fn count_refused<'e>(store: &mut dyn Store, errors: impl Iterator<Item = &'e LedgerError>) {
+    let mut runs: Vec<&str> = errors
+        .filter_map(|e| match e {
+            LedgerError::LeaseLost { run_id, .. } => Some(run_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    if runs.is_empty() {
+        return;
+    }
+    runs.sort_unstable();
+    let _ = store.write("counting refused writes", |tx| {
+        // Sorted like a group's run locks, so two of these cannot deadlock each other.
+        for run in &runs {
+            tx.exec(&crate::store::sql::REFUSED_WRITE_SQL, crate::params![run])?;
+        }
+        Ok(())
+    });
+}
+
 /// Answer a group's asynchronous calls together; a panic in the layer above must not take
 /// the leader (perhaps the helper) with it.
 fn deliver(mut batch: Vec<Delivery>) {
@@ -209,7 +234,13 @@ impl Writer {
     /// not group); it waits only for the group in flight.
     pub fn with_store<T>(&self, f: impl FnOnce(&mut dyn Store) -> Result<T>) -> Result<T> {
         match lock(&self.store).as_mut() {
-            Some(store) => f(store.as_mut()),
+            Some(store) => {
+                let out = f(store.as_mut());
+                if let Err(e) = &out {
+                    count_refused(store.as_mut(), std::iter::once(e));
+                }
+                out
+            }
             None => Err(closed()),
         }
     }
@@ -333,6 +364,10 @@ impl Writer {
                     let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
                     self.stats.hold_ns_total.fetch_add(ns, Ordering::Relaxed);
                     self.stats.hold_ns_max.fetch_max(ns, Ordering::Relaxed);
+                    count_refused(
+                        store.as_mut(),
+                        ran.0.iter().filter_map(|out| out.as_ref().err()),
+                    );
                     ran
                 }
                 None => (
@@ -362,6 +397,9 @@ impl Writer {
         };
         self.hand_off();
         let n = group.len() as u64;
+        if observe::groups() {
+            observe::push(observe::Notice::Group { size: n });
+        }
         self.stats.groups.fetch_add(1, Ordering::Relaxed);
         self.stats.calls.fetch_add(n, Ordering::Relaxed);
         self.stats.max_group.fetch_max(n, Ordering::Relaxed);

@@ -266,6 +266,7 @@ static UNIT_KEYS: Keys = Keys::new(&[
     "worktree_path",
     "parent_unit_id",
     "holder",
+    "trace_context",
 ]);
 
 /// How a unit's `unit_id`, `step_id` and `phase` are read when `None` or left out.
@@ -301,6 +302,7 @@ fn unit_spec(f: &Fields<'_>, omitted: Omitted) -> PyResult<UnitSpec> {
         worktree_path: opt("worktree_path")?,
         parent_unit_id: opt("parent_unit_id")?,
         holder: opt("holder")?,
+        trace_context: opt("trace_context")?,
     })
 }
 

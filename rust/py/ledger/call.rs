@@ -58,8 +58,9 @@ impl PyLedger {
         op: impl FnOnce(&mut dyn Store, i64) -> Result<T> + Send,
     ) -> PyResult<T> {
         let now = self.now(py)?;
-        py.detach(|| self.writer()?.with_store(|s| op(s, now)))
-            .map_err(|e| to_pyerr(py, e))
+        let out = py.detach(|| self.writer()?.with_store(|s| op(s, now)));
+        crate::py::observe::flush(py);
+        out.map_err(|e| to_pyerr(py, e))
     }
 
     /// Read the clock, detach, build the call and queue it on the writer, re-attach. A closed
@@ -70,14 +71,15 @@ impl PyLedger {
         build: impl FnOnce(i64) -> Result<Op> + Send,
     ) -> PyResult<Output> {
         let now = self.now(py)?;
-        py.detach(|| {
+        let out = py.detach(|| {
             let writer = self.writer()?;
             if writer.is_closed() {
                 return Err(crate::writer::closed());
             }
             writer.submit(build(now)?)
-        })
-        .map_err(|e| to_pyerr(py, e))
+        });
+        crate::py::observe::flush(py);
+        out.map_err(|e| to_pyerr(py, e))
     }
 
     /// A call the writer groups: without `future`, queue it, wait and return `build`'s

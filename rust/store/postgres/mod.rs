@@ -226,6 +226,11 @@ impl PgStore {
         if !self.broken && self.client.as_ref().is_some_and(|c| !c.is_closed()) {
             return Ok(());
         }
+        let reason = if self.broken {
+            "a call met a dead session"
+        } else {
+            "the server closed the session"
+        };
         drop(self.client.take());
         if let Some(task) = self.task.take() {
             task.abort();
@@ -235,7 +240,11 @@ impl PgStore {
         self.task = Some(task);
         self.statements.clear();
         self.broken = false;
-        self.configure()
+        self.configure()?;
+        crate::observe::push(crate::observe::Notice::Reconnected {
+            reason: reason.into(),
+        });
+        Ok(())
     }
 
     /// One run of a transaction. `BEGIN` is not sent on its own: it is queued, and goes out

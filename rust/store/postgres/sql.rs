@@ -186,7 +186,8 @@ pub const RESERVE_GROUP_SQL: &str = concat!(
             run_id TEXT, unit_id TEXT, step_id TEXT, node_id TEXT, parent_unit_id TEXT,
             phase TEXT, runner TEXT, engine TEXT, model TEXT, input_hash TEXT,
             worktree_path TEXT, holder TEXT, attempt BIGINT, dispatch_id TEXT, payload TEXT,
-            actor_type TEXT, actor_id TEXT, generation BIGINT, ts BIGINT, ord BIGINT)
+            actor_type TEXT, actor_id TEXT, generation BIGINT, ts BIGINT, ord BIGINT,
+            trace_context TEXT)
     ), u AS (
         INSERT INTO units(run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner,
             engine, model, input_hash, worktree_path, status, claim_holder, attempts,
@@ -199,9 +200,9 @@ pub const RESERVE_GROUP_SQL: &str = concat!(
         RETURNING 1
     ), a AS (
         INSERT INTO attempts(run_id, unit_id, attempt, dispatch_id, step_id, node_id, phase,
-            input_hash, status, holder, lease_generation, started_at)
+            input_hash, status, holder, lease_generation, started_at, trace_context)
         SELECT run_id, unit_id, attempt, dispatch_id, step_id, node_id, phase, input_hash,
-            'running', holder, generation, ts FROM x
+            'running', holder, generation, ts, trace_context FROM x
         RETURNING 1
     ",
     group_events!("unit.started"),
@@ -307,7 +308,9 @@ pub const CLAIM_GROUP_SQL: &str = concat!(
     ), c AS (
         UPDATE leases l SET generation = cl.generation, owner_type = cl.actor_type,
             owner_id = cl.actor_id, token_hash = cl.token_hash, acquired_at = cl.ts,
-            heartbeat_at = cl.ts, expires_at = cl.expires_at
+            heartbeat_at = cl.ts, expires_at = cl.expires_at,
+            takeovers = l.takeovers
+                + CASE WHEN l.owner_id IS NOT NULL AND l.owner_id <> cl.actor_id THEN 1 ELSE 0 END
         FROM cl WHERE l.ctid = cl.tid
         RETURNING 1
     ), sr AS (

@@ -1,0 +1,141 @@
+"""What the ledger reports about its own work: the ``fencepost`` logger, and the metrics of
+:mod:`fencepost.otel` while they are on.
+
+The core calls these functions (``rust/py/observe.rs``): a takeover when a claim that took
+a lease reaches its caller, a refused write when its ``LeaseLost`` is raised, and the notices
+queued on the writer's threads (busy retries, reconnects, migrations, group sizes) on the next
+call's way back. Every record carries its fields as ``extra=`` attributes (``event`` names
+what happened), so a structured handler gets them as data rather than parsing the message.
+
+Levels: a takeover, a refused write, a reconnect and a write that gave up on contention are
+``WARNING`` (each means something went wrong somewhere); a migration and a prune are ``INFO``
+(once per open or per prune); a busy retry is ``DEBUG``: under contention it is the hot path,
+and nothing there logs at ``INFO``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+logger = logging.getLogger("fencepost")
+# A library leaves the output to the application: without a handler of its own the records
+# would reach logging's last-resort handler and print warnings on stderr.
+logger.addHandler(logging.NullHandler())
+
+
+class Sink(Protocol):
+    """Where the counts go while metrics are on (:mod:`fencepost.otel`)."""
+
+    def takeover(self) -> None: ...
+    def refused(self, reason: str) -> None: ...
+    def busy_retry(self) -> None: ...
+    def groups(self, sizes: Sequence[int]) -> None: ...
+
+
+sink: Sink | None = None
+"""Set by :func:`fencepost.otel.instrument`, cleared by ``uninstrument``."""
+
+
+def takeover(run_id: str, generation: int, owner_id: str, taken_from: str) -> None:
+    logger.warning(
+        "run %s: %s took the lease over from %s, whose claim had expired (generation %d)",
+        run_id,
+        owner_id,
+        taken_from,
+        generation,
+        extra={
+            "event": "lease.takeover",
+            "run_id": run_id,
+            "generation": generation,
+            "owner_id": owner_id,
+            "taken_from": taken_from,
+        },
+    )
+    if sink is not None:
+        sink.takeover()
+
+
+def refused(run_id: str, expected: int, actual: int, reason: str) -> None:
+    logger.warning(
+        "run %s: refused a write by a claim at generation %d (%s; the lease is at generation %d)",
+        run_id,
+        expected,
+        reason,
+        actual,
+        extra={
+            "event": "fence.refused",
+            "run_id": run_id,
+            "expected_generation": expected,
+            "actual_generation": actual,
+            "reason": reason,
+        },
+    )
+    if sink is not None:
+        sink.refused(reason)
+
+
+def gave_up(waited_ms: int, retries: int) -> None:
+    logger.warning(
+        "a write gave up on contention after %d ms and %d retries (StoreBusy)",
+        waited_ms,
+        retries,
+        extra={"event": "store.busy", "waited_ms": waited_ms, "retries": retries},
+    )
+
+
+def busy_retry(retries: int, waited_ms: int) -> None:
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "a contended write retries (retry %d, %d ms so far)",
+            retries,
+            waited_ms,
+            extra={"event": "store.busy_retry", "retries": retries, "waited_ms": waited_ms},
+        )
+    if sink is not None:
+        sink.busy_retry()
+
+
+def reconnected(reason: str) -> None:
+    logger.warning(
+        "reconnected to PostgreSQL: %s",
+        reason,
+        extra={"event": "store.reconnected", "reason": reason},
+    )
+
+
+def migrated(from_version: int, to_version: int) -> None:
+    logger.info(
+        "schema migrated from version %d to %d",
+        from_version,
+        to_version,
+        extra={"event": "schema.migrated", "from_version": from_version, "to_version": to_version},
+    )
+
+
+def groups(sizes: Sequence[int]) -> None:
+    if sink is not None:
+        sink.groups(sizes)
+
+
+def pruned(
+    *, runs: int, attempts: int, events: int, dry_run: bool, archive: str | None, older_than: str
+) -> None:
+    logger.info(
+        "%s %d runs older than %s (%d attempts, %d events)%s",
+        "would prune" if dry_run else "pruned",
+        runs,
+        older_than,
+        attempts,
+        events,
+        f", archived to {archive}" if archive else "",
+        extra={
+            "event": "retention.pruned",
+            "runs": runs,
+            "attempts": attempts,
+            "events": events,
+            "dry_run": dry_run,
+            "archive": archive,
+        },
+    )

@@ -1,0 +1,340 @@
+"""OpenTelemetry for fencepost: a span per operation and the ledger's metrics.
+
+Install the extra (``pip install 'fencepost[otel]'``, which brings ``opentelemetry-api``
+alone) and call :func:`instrument` once at start-up, as with any OpenTelemetry
+instrumentation. It uses the application's tracer and meter providers (the global ones unless
+others are passed), so the SDK, exporters and sampling stay the application's choice::
+
+    import fencepost.otel
+    fencepost.otel.instrument()
+
+Every :class:`fencepost.Ledger` and :class:`fencepost.aio.AsyncLedger` operation then runs in
+a span (kind ``CLIENT``, named after the operation, ``error.type`` set when it raises) and
+records these instruments:
+
+========================================  =========  =========================================
+``fencepost.operations``                  counter    calls, by ``operation`` and ``outcome``
+``fencepost.operation.duration``          histogram  seconds per call, same attributes
+``fencepost.fence.rejections``            counter    stale writes refused, by ``reason``
+``fencepost.lease.takeovers``             counter    claims that took an expired lease over
+``fencepost.attempt.reclaims``            counter    running attempts reserved again
+``fencepost.commit.group_size``           histogram  calls per group-commit transaction
+``fencepost.store.busy_retries``          counter    contended writes tried again
+========================================  =========  =========================================
+
+``outcome`` is ``ok``, ``refused`` (the ledger said no: a ``LedgerError`` other than the
+two below) or ``error`` (``StoreError``, ``StoreBusy``, anything not from fencepost).
+
+A reservation made inside a span records that span's W3C ``traceparent`` on the attempt
+(``Attempt.trace_context``) unless the caller passed ``trace_context=`` itself; the process
+that does the attempt's work links its span to the reservation with :func:`link`.
+
+Until a provider is set, an instrumented call checks for one and runs uninstrumented (two
+type checks); not instrumented, fencepost's calls are exactly as they were.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from opentelemetry import metrics, trace
+from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from fencepost import _core, _observe
+from fencepost.aio import AsyncLedger
+from fencepost.errors import LedgerError, StoreBusy, StoreError
+from fencepost.ledger import Ledger
+from fencepost.models import Attempt, Reservation
+
+__all__ = ["OPERATIONS", "instrument", "is_instrumented", "link", "uninstrument"]
+
+OPERATIONS: Final = (
+    "put_json", "get_json", "start_run", "publish_child_run", "get_run", "resolve_run_id",
+    "list_runs", "find_active_run", "find_active_run_outside_scope", "find_scope_occupant",
+    "child_runs", "steps", "complete_step", "block_run", "resume_run", "abandon_run",
+    "set_outputs", "reserve_attempt", "reserve_attempts", "finish_attempt", "finish_attempts",
+    "attempts", "units", "unit_counts", "unit", "accounting", "reserve_run", "prepare_or_adopt",
+    "claim", "claim_next", "heartbeat", "release", "set_status", "lease", "expired_leases",
+    "leases", "events", "wait_events", "prune", "restore", "vacuum", "integrity_check",
+    "orphan_attempts",
+)  # fmt: skip
+"""The operations that get a span and count in ``fencepost.operations``."""
+
+_SCOPE: Final = "fencepost"
+_PROPAGATOR: Final = TraceContextTextMapPropagator()
+# What each operation is to a messaging system: reservations hand work out, claims take it,
+# finishes settle it; everything else reads or manages the ledger.
+_KINDS: Final[Mapping[str, str]] = {
+    "reserve_attempt": "send", "reserve_attempts": "send", "reserve_run": "send",
+    "start_run": "create", "publish_child_run": "create",
+    "claim": "receive", "claim_next": "receive", "prepare_or_adopt": "receive",
+    "finish_attempt": "settle", "finish_attempts": "settle", "release": "settle",
+    "wait_events": "receive",
+}  # fmt: skip
+
+
+class _Telemetry:
+    """The instruments and tracer of one :func:`instrument` call."""
+
+    def __init__(self, tracer_provider: Any, meter_provider: Any) -> None:
+        self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
+        version = _core.__version__
+        self._live = False
+        self.tracer = trace.get_tracer(_SCOPE, version, tracer_provider)
+        meter = metrics.get_meter(_SCOPE, version, meter_provider=meter_provider)
+        self.operations = meter.create_counter(
+            "fencepost.operations", unit="{operation}", description="Ledger operations"
+        )
+        self.duration = meter.create_histogram(
+            "fencepost.operation.duration", unit="s", description="Time a ledger operation took"
+        )
+        self.rejections = meter.create_counter(
+            "fencepost.fence.rejections",
+            unit="{write}",
+            description="Fenced writes refused because their claim no longer held the lease",
+        )
+        self.takeovers = meter.create_counter(
+            "fencepost.lease.takeovers",
+            unit="{claim}",
+            description="Claims that took a lease over from an owner whose claim had expired",
+        )
+        self.reclaims = meter.create_counter(
+            "fencepost.attempt.reclaims",
+            unit="{attempt}",
+            description="Running attempts reserved again (same attempt and dispatch id)",
+        )
+        self.group_size = meter.create_histogram(
+            "fencepost.commit.group_size",
+            unit="{call}",
+            description="Calls committed together in one group-commit transaction",
+        )
+        self.busy_retries = meter.create_counter(
+            "fencepost.store.busy_retries",
+            unit="{retry}",
+            description="Contended writes tried again",
+        )
+
+    def live(self) -> bool:
+        """Whether a provider is set (once one is, it stays: OpenTelemetry refuses to replace
+        it, so the answer is kept)."""
+        if self._live:
+            return True
+        tracer_provider = self._tracer_provider or trace.get_tracer_provider()
+        meter_provider = self._meter_provider or metrics.get_meter_provider()
+        traced = not isinstance(
+            tracer_provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider
+        )
+        # The API's stand-in before a provider is set has no public name to test against.
+        metered = not isinstance(meter_provider, metrics.NoOpMeterProvider) and (
+            type(meter_provider).__name__ != "_ProxyMeterProvider"
+        )
+        self._live = traced or metered
+        _core.observe_groups(self._live)
+        return self._live
+
+    # The sink of fencepost._observe: counts reported by the core.
+    def takeover(self) -> None:
+        self.takeovers.add(1)
+
+    def refused(self, reason: str) -> None:
+        self.rejections.add(1, {"reason": reason})
+
+    def busy_retry(self) -> None:
+        self.busy_retries.add(1)
+
+    def groups(self, sizes: Sequence[int]) -> None:
+        for size in sizes:
+            self.group_size.record(size)
+
+    def start(self, name: str, args: tuple[Any, ...]) -> trace.Span:
+        attributes: dict[str, str] = {
+            "messaging.system": _SCOPE,
+            "messaging.operation.name": name,
+            "messaging.operation.type": _KINDS.get(name, "process"),
+        }
+        if args and isinstance(args[0], str) and name not in ("put_json", "get_json"):
+            attributes["fencepost.run_id"] = args[0]
+        return self.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes)
+
+    def end(
+        self,
+        name: str,
+        span: trace.Span,
+        started_ns: int,
+        result: object,
+        error: BaseException | None,
+    ) -> None:
+        attributes = {"operation": name, "outcome": _outcome(error)}
+        if error is not None:
+            error_type = type(error).__qualname__
+            attributes["error.type"] = error_type
+            span.set_attribute("error.type", error_type)
+            span.record_exception(error)
+            span.set_status(trace.StatusCode.ERROR, str(error))
+        else:
+            reclaimed = _reclaims(result)
+            if reclaimed:
+                self.reclaims.add(reclaimed)
+            if isinstance(result, Reservation):
+                span.set_attribute("messaging.message.id", result.dispatch_id)
+        self.operations.add(1, attributes)
+        self.duration.record((time.perf_counter_ns() - started_ns) / 1e9, attributes)
+        span.end()
+
+
+def _outcome(error: BaseException | None) -> str:
+    if error is None:
+        return "ok"
+    if isinstance(error, LedgerError) and not isinstance(error, StoreError | StoreBusy):
+        return "refused"
+    return "error"
+
+
+def _reclaims(result: object) -> int:
+    if isinstance(result, Reservation):
+        return int(result.kind == "reclaimed")
+    if isinstance(result, list) and result and isinstance(result[0], Reservation):
+        return sum(r.kind == "reclaimed" for r in result)
+    return 0
+
+
+def _traceparent(span: trace.Span) -> str | None:
+    if not span.get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, trace.set_span_in_context(span))
+    return carrier.get("traceparent")
+
+
+def _with_trace_context(
+    name: str, span: trace.Span, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A reservation's arguments with the span's traceparent on every unit that has none."""
+    tp = _traceparent(span)
+    if tp is None:
+        return args, kwargs
+    if name == "reserve_attempt" and kwargs.get("trace_context") is None:
+        kwargs = {**kwargs, "trace_context": tp}
+    elif name == "reserve_attempts":
+        units = kwargs["units"] if "units" in kwargs else args[1] if len(args) > 1 else None
+        if isinstance(units, Sequence):
+            marked = [
+                {**u, "trace_context": tp}
+                if isinstance(u, Mapping) and u.get("trace_context") is None
+                else u
+                for u in units
+            ]
+            if "units" in kwargs:
+                kwargs = {**kwargs, "units": marked}
+            else:
+                args = (args[0], marked, *args[2:])
+    return args, kwargs
+
+
+_RESERVES: Final = frozenset({"reserve_attempt", "reserve_attempts"})
+
+
+def _wrap_sync(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def op(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t = _state
+        if t is None or not t.live():
+            return fn(self, *args, **kwargs)
+        span = t.start(name, args)
+        started = time.perf_counter_ns()
+        with trace.use_span(span, end_on_exit=False, record_exception=False):
+            if name in _RESERVES:
+                args, kwargs = _with_trace_context(name, span, args, kwargs)
+            try:
+                result = fn(self, *args, **kwargs)
+            except BaseException as e:
+                t.end(name, span, started, None, e)
+                raise
+        t.end(name, span, started, result, None)
+        return result
+
+    op.__wrapped_by_fencepost__ = fn  # type: ignore[attr-defined]
+    return op
+
+
+def _wrap_async(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def op(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t = _state
+        if t is None or not t.live():
+            return await fn(self, *args, **kwargs)
+        span = t.start(name, args)
+        started = time.perf_counter_ns()
+        with trace.use_span(span, end_on_exit=False, record_exception=False):
+            if name in _RESERVES:
+                args, kwargs = _with_trace_context(name, span, args, kwargs)
+            try:
+                result = await fn(self, *args, **kwargs)
+            except BaseException as e:
+                t.end(name, span, started, None, e)
+                raise
+        t.end(name, span, started, result, None)
+        return result
+
+    op.__wrapped_by_fencepost__ = fn  # type: ignore[attr-defined]
+    return op
+
+
+_state: _Telemetry | None = None
+
+
+def instrument(*, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+    """Instrument every ``Ledger`` and ``AsyncLedger`` of the process (open or not). The
+    providers default to the global ones, read when a call first finds them set; calling
+    again replaces the providers."""
+    global _state
+    uninstrument()
+    _state = _Telemetry(tracer_provider, meter_provider)
+    for name in OPERATIONS:
+        setattr(Ledger, name, _wrap_sync(name, getattr(Ledger, name)))
+        method = AsyncLedger.__dict__.get(name)
+        if method is not None:
+            wrap = _wrap_async if inspect.iscoroutinefunction(method) else _wrap_sync
+            setattr(AsyncLedger, name, wrap(name, method))
+    _observe.sink = _state
+    _state.live()
+
+
+def uninstrument() -> None:
+    """Put every operation back as it was; nothing is emitted afterwards."""
+    global _state
+    if _state is None:
+        return
+    for cls in (Ledger, AsyncLedger):
+        for name in OPERATIONS:
+            wrapped = getattr(cls.__dict__.get(name), "__wrapped_by_fencepost__", None)
+            if wrapped is not None:
+                setattr(cls, name, wrapped)
+    _observe.sink = None
+    _core.observe_groups(False)
+    _state = None
+
+
+def is_instrumented() -> bool:
+    """Whether :func:`instrument` is in force."""
+    return _state is not None
+
+
+def link(attempt: Attempt | str | None) -> Link | None:
+    """A span link to the span that reserved ``attempt`` (an :class:`Attempt` or its
+    ``trace_context``), for the span of the work done for it; ``None`` when it has none::
+
+        with tracer.start_as_current_span("work", links=[l for l in [link(a)] if l]):
+            ...
+    """
+    tp = attempt.trace_context if isinstance(attempt, Attempt) else attempt
+    if not tp:
+        return None
+    context = trace.get_current_span(_PROPAGATOR.extract({"traceparent": tp})).get_span_context()
+    return Link(context) if context.is_valid else None

@@ -1,0 +1,130 @@
+//! What the ledger tells its operator about its own work: contention it waited out, a session
+//! it had to reconnect, a schema it migrated, and (while metrics are on) the size of each
+//! committed group.
+//!
+//! These happen on whichever thread meets them (a writer's lead, a reconnecting store), often
+//! with the GIL released and sometimes with no Python caller at all, so they are queued here
+//! and handed to Python by the next call that returns there (`py::observe`), which logs them
+//! through the `fencepost` logger and counts them. The queue is process-wide and bounded: an
+//! application that never calls the ledger again loses nothing it needs, and one whose
+//! handler is slow cannot make the writers wait on it. Fencing (takeovers, refused writes) is
+//! reported where its result reaches the caller instead, since only a committed claim and a
+//! returned refusal are facts.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// One thing worth telling the operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// A contended write is about to try again (`retries` so far, `waited_ms` since the first
+    /// try).
+    BusyRetry { retries: u32, waited_ms: u64 },
+    /// A PostgreSQL session was found dead and a new one opened.
+    Reconnected { reason: String },
+    /// The schema moved forward from version `from` (0: a new ledger) to `to`.
+    Migrated { from: i64, to: i64 },
+    /// A group of `size` calls committed as one transaction (queued only while
+    /// [`set_groups`] is on: it is one notice per commit).
+    Group { size: u64 },
+}
+
+/// The most notices kept before the oldest are dropped (counted in [`dropped`]).
+pub const CAPACITY: usize = 4096;
+
+/// A bounded queue of notices: the oldest go first when it is full.
+#[derive(Debug)]
+struct Queue {
+    notices: VecDeque<Notice>,
+    capacity: usize,
+    dropped: u64,
+}
+
+impl Queue {
+    const fn new(capacity: usize) -> Self {
+        Self {
+            notices: VecDeque::new(),
+            capacity,
+            dropped: 0,
+        }
+    }
+
+    fn push(&mut self, notice: Notice) {
+        if self.notices.len() >= self.capacity {
+            self.notices.pop_front();
+            self.dropped += 1;
+        }
+        self.notices.push_back(notice);
+    }
+
+    fn take(&mut self) -> Vec<Notice> {
+        self.notices.drain(..).collect()
+    }
+}
+
+static QUEUE: Mutex<Queue> = Mutex::new(Queue::new(CAPACITY));
+/// Set while the queue holds something: the check every call makes costs one load.
+static PENDING: AtomicBool = AtomicBool::new(false);
+static GROUPS: AtomicBool = AtomicBool::new(false);
+
+fn queue() -> MutexGuard<'static, Queue> {
+    QUEUE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Queue `notice` for the next call that returns to Python.
+pub fn push(notice: Notice) {
+    queue().push(notice);
+    PENDING.store(true, Ordering::Release);
+}
+
+/// Whether anything is queued (cheap: one atomic load).
+pub fn pending() -> bool {
+    PENDING.load(Ordering::Acquire)
+}
+
+/// Everything queued, oldest first, leaving the queue empty.
+pub fn take() -> Vec<Notice> {
+    let mut q = queue();
+    PENDING.store(false, Ordering::Release);
+    q.take()
+}
+
+/// Queue a [`Notice::Group`] per committed group from now on (`true`) or stop (`false`).
+pub fn set_groups(on: bool) {
+    GROUPS.store(on, Ordering::Relaxed);
+}
+
+/// Whether group sizes are being queued.
+pub fn groups() -> bool {
+    GROUPS.load(Ordering::Relaxed)
+}
+
+/// Notices dropped because the queue was full, since the process started.
+pub fn dropped() -> u64 {
+    queue().dropped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_drops_its_oldest_and_counts_them() {
+        let mut q = Queue::new(3);
+        for size in 0..5 {
+            q.push(Notice::Group { size });
+        }
+        assert_eq!(q.dropped, 2);
+        let sizes: Vec<u64> = q
+            .take()
+            .into_iter()
+            .map(|n| match n {
+                Notice::Group { size } => size,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(sizes, [2, 3, 4]);
+        assert!(q.take().is_empty());
+    }
+}

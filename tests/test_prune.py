@@ -368,3 +368,62 @@ def test_async_prune_and_restore(target: str, clock: FakeClock, tmp_path: pathli
 
     report, restored = asyncio.run(main())
     assert report.runs == restored == 4
+
+
+def test_the_fence_counts_and_trace_context_travel_and_older_archives_restore(
+    target: str, clock: FakeClock, tmp_path: pathlib.Path
+) -> None:
+    """A lease's takeovers and refused writes and an attempt's trace context go into the
+    archive and come back; an archive written before those columns existed (its header and
+    rows without them) restores with the values the migration gave older rows."""
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with fp.Ledger.open(target, clock=clock) as ledger:
+        begin(ledger, "fenced")
+        a = ledger.claim("fenced", "host:a", lease_ms=1000)
+        assert a is not None
+        ledger.reserve_attempt("fenced", "u1", step_id="s", claim=a, trace_context=tp)
+        clock.advance(2000)
+        assert ledger.claim("fenced", "host:b", lease_ms=1000) is not None
+        with pytest.raises(fp.LeaseLost):
+            ledger.heartbeat(a, lease_ms=1000)
+        assert ledger.abandon_run("fenced")
+        clock.advance(40 * 86_400_000)
+        begin(ledger, "later")  # the newest event's tree waits for a later prune
+        assert ledger.prune(older_than=30 * DAY, archive=tmp_path / "new.jsonl").runs == 1
+    lines = [json.loads(x) for x in (tmp_path / "new.jsonl").read_text().splitlines()]
+    header = lines[0]
+    assert header["tables"]["leases"][-2:] == ["takeovers", "refused_writes"]
+    assert header["tables"]["attempts"][-1] == "trace_context"
+    # The same archive as a library before schema 6 wrote it.
+    old = [dict(line) for line in lines]
+    old[0] = {
+        **header,
+        "tables": {
+            **header["tables"],
+            "leases": header["tables"]["leases"][:-2],
+            "attempts": header["tables"]["attempts"][:-1],
+        },
+    }
+    for line in old[1:-1]:
+        line["leases"] = [row[:-2] for row in line["leases"]]
+        line["attempts"] = [row[:-1] for row in line["attempts"]]
+    (tmp_path / "old.jsonl").write_text("".join(json.dumps(x) + "\n" for x in old))
+
+    with fp.Ledger.open(target, clock=clock) as ledger:
+        assert ledger.restore(tmp_path / "new.jsonl") == 1
+        lease = ledger.lease("fenced")
+        assert (lease.takeovers, lease.refused_writes) == (1, 1)
+        assert ledger.attempts("fenced", "u1")[0].trace_context == tp
+        ledger.prune(older_than=30 * DAY)
+        assert ledger.restore(tmp_path / "old.jsonl") == 1
+        lease = ledger.lease("fenced")
+        assert (lease.generation, lease.takeovers, lease.refused_writes) == (2, 0, 0)
+        (attempt,) = ledger.attempts("fenced", "u1")
+        assert (attempt.status, attempt.trace_context) == ("cancelled", None)
+    # A header missing a column that was not added later is still refused.
+    worse = [dict(x) for x in old]
+    worse[0] = {**old[0], "tables": {**old[0]["tables"], "runs": header["tables"]["runs"][:-1]}}
+    (tmp_path / "bad.jsonl").write_text("".join(json.dumps(x) + "\n" for x in worse))
+    with fp.Ledger.open(target, clock=clock) as ledger, pytest.raises(fp.InvalidArgument) as e:
+        ledger.restore(tmp_path / "bad.jsonl")
+    assert "runs columns differ" in str(e.value)

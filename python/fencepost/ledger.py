@@ -782,9 +782,9 @@ class Ledger:
         """Put back the run trees of an archive ``prune`` wrote (a path or a binary file, gzip
         or not); the number of runs restored. The whole archive is checked first: a truncated
         or foreign file, or a run id that exists in the ledger, is ``InvalidArgument`` and
-        nothing is written. Rows come back exactly as they were, events with their ``seq``
-        (except what only operators read: a lease's ``takeovers`` and ``refused_writes``
-        start again from 0, and attempts lose the trace context they were reserved under).
+        nothing is written. Rows come back exactly as they were, events with their ``seq``.
+        An archive written before a column was added restores with the value the schema's
+        migration gave older rows (0 for a lease's counts, no trace context).
         ``progress`` is called with the runs restored so far."""
         return self._core.restore(_archive.reader(archive), progress=progress)
 

@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from opentelemetry import metrics, trace
+from opentelemetry.metrics import _internal as _metrics_internal
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -66,6 +67,7 @@ OPERATIONS: Final = (
 """The operations that get a span and count in ``fencepost.operations``."""
 
 _SCOPE: Final = "fencepost"
+_MISSING: Final = object()
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 # What each operation is to a messaging system: reservations hand work out, claims take it,
 # finishes settle it; everything else reads or manages the ledger.
@@ -125,6 +127,8 @@ class _Telemetry:
         it, so the answer is kept)."""
         if self._live:
             return True
+        if self._tracer_provider is None and self._meter_provider is None and _unset():
+            return False
         tracer_provider = self._tracer_provider or trace.get_tracer_provider()
         meter_provider = self._meter_provider or metrics.get_meter_provider()
         traced = not isinstance(
@@ -188,6 +192,19 @@ class _Telemetry:
         span.end()
 
 
+def _unset() -> bool:
+    """Whether neither global provider has been set: the check every instrumented call makes
+    until one is. The API's public getters read the environment on each call (about 0.8 us
+    each, measured), so the module globals they guard are read directly; on an API version
+    without them the getters answer instead. ``instrument`` calls the getters once, so a
+    provider named by ``OTEL_PYTHON_*_PROVIDER`` is made before the first check."""
+    tracer = getattr(trace, "_TRACER_PROVIDER", _MISSING)
+    meter = getattr(_metrics_internal, "_METER_PROVIDER", _MISSING)
+    if tracer is _MISSING or meter is _MISSING:
+        return False  # the getters decide, in live()
+    return tracer is None and meter is None
+
+
 def _outcome(error: BaseException | None) -> str:
     if error is None:
         return "ok"
@@ -244,7 +261,7 @@ def _wrap_sync(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def op(self: Any, *args: Any, **kwargs: Any) -> Any:
         t = _state
-        if t is None or not t.live():
+        if t is None or not (t._live or t.live()):
             return fn(self, *args, **kwargs)
         span = t.start(name, args)
         started = time.perf_counter_ns()
@@ -267,7 +284,7 @@ def _wrap_async(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def op(self: Any, *args: Any, **kwargs: Any) -> Any:
         t = _state
-        if t is None or not t.live():
+        if t is None or not (t._live or t.live()):
             return await fn(self, *args, **kwargs)
         span = t.start(name, args)
         started = time.perf_counter_ns()
@@ -303,6 +320,9 @@ def instrument(*, tracer_provider: Any = None, meter_provider: Any = None) -> No
             wrap = _wrap_async if inspect.iscoroutinefunction(method) else _wrap_sync
             setattr(AsyncLedger, name, wrap(name, method))
     _observe.sink = _state
+    # Made now if the environment names them, so that _unset() sees them.
+    trace.get_tracer_provider()
+    metrics.get_meter_provider()
     _state.live()
 
 

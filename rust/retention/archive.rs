@@ -22,6 +22,16 @@ use crate::store::{DbResult, Row, Sql, SqlValue, ToSql};
 /// The format's version, in every header.
 pub const FORMAT: i64 = 1;
 
+/// Columns a later schema appended to an archived table, with the value a row archived before
+/// them takes on restore: an older archive's header lists the table's columns without them (a
+/// prefix of today's), and its rows are as wide as its header. Appended only at a table's end,
+/// so what an older header lists is always a prefix.
+pub const ADDED_COLUMNS: [(&str, &str, Cell); 3] = [
+    ("attempts", "trace_context", Cell::Null),
+    ("leases", "takeovers", Cell::Int(0)),
+    ("leases", "refused_writes", Cell::Int(0)),
+];
+
 /// One archived table: its columns in schema order, the column that ties a row to its run (or
 /// digest), and the order rows are read in (their primary key, so an archive is deterministic).
 #[derive(Debug)]
@@ -138,6 +148,7 @@ pub const RUN_TABLES: [Table; 6] = [
             "session_id",
             "started_at",
             "finished_at",
+            "trace_context",
         ],
         key: "run_id",
         order: "run_id, unit_id, attempt",
@@ -153,6 +164,8 @@ pub const RUN_TABLES: [Table; 6] = [
             "acquired_at",
             "heartbeat_at",
             "expires_at",
+            "takeovers",
+            "refused_writes",
         ],
         key: "resource_id",
         order: "resource_id",

@@ -9,7 +9,7 @@
 //! [`existing_runs`] about every run id) before the second reading inserts: a bad line anywhere
 //! means nothing is written.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::Value as JsonValue;
 
@@ -35,6 +35,9 @@ pub struct Reader {
     runs: u64,
     /// Every run id seen, to refuse a run archived twice.
     seen: HashSet<String>,
+    /// Each table's width in the open section's header: fewer columns than this library's
+    /// when the archive predates the columns of [`archive::ADDED_COLUMNS`].
+    widths: HashMap<&'static str, usize>,
 }
 
 fn bad(line: u64, why: impl std::fmt::Display) -> LedgerError {
@@ -76,7 +79,7 @@ impl Reader {
                     format!("archive format {format}, this library reads {FORMAT}"),
                 ));
             }
-            check_columns(n, doc.get("tables"))?;
+            self.widths = check_columns(n, doc.get("tables"))?;
             self.open = true;
             self.sections += 1;
             self.trees = 0;
@@ -143,18 +146,25 @@ impl Reader {
                 .get(table.name)
                 .and_then(JsonValue::as_array)
                 .ok_or_else(|| bad(n, format!("no {} rows", table.name)))?;
+            let width = self
+                .widths
+                .get(table.name)
+                .copied()
+                .unwrap_or(table.columns.len());
             let mut out = Vec::with_capacity(rows.len());
             for row in rows {
                 let cells = row
                     .as_array()
-                    .filter(|r| r.len() == table.columns.len())
+                    .filter(|r| r.len() == width)
                     .ok_or_else(|| bad(n, format!("a {} row of the wrong width", table.name)))?;
-                let cells = cells
+                let mut cells = cells
                     .iter()
                     .zip(table.columns)
                     .map(|(c, column)| cell(c, table.name == BLOBS.name && *column == "bytes"))
                     .collect::<Option<Vec<Cell>>>()
                     .ok_or_else(|| bad(n, format!("a {} value that is not stored", table.name)))?;
+                // Columns the archive predates take the value the migration gave old rows.
+                cells.extend(table.columns[width..].iter().map(|c| added(table.name, c)));
                 out.push(cells);
             }
             tree.rows.push((table.name, out));
@@ -239,33 +249,52 @@ fn cell(v: &JsonValue, bytes: bool) -> Option<Cell> {
     })
 }
 
-/// The header's tables must be exactly this library's: same tables, same columns, same order.
-fn check_columns(n: u64, tables: Option<&JsonValue>) -> Result<()> {
+/// The value a column of [`archive::ADDED_COLUMNS`] takes in a row archived before it.
+fn added(table: &str, column: &str) -> Cell {
+    archive::ADDED_COLUMNS
+        .iter()
+        .find(|(t, c, _)| *t == table && *c == column)
+        .map_or(Cell::Null, |(_, _, value)| value.clone())
+}
+
+/// The header's tables must be this library's: the same tables, each with this library's
+/// columns in the same order, or (an archive written before some columns were added) a prefix
+/// of them that leaves out only columns of [`archive::ADDED_COLUMNS`]. Returns each table's
+/// width in the archive.
+fn check_columns(n: u64, tables: Option<&JsonValue>) -> Result<HashMap<&'static str, usize>> {
     let tables = tables
         .and_then(JsonValue::as_object)
         .ok_or_else(|| bad(n, "a header without its tables"))?;
+    let mut widths = HashMap::new();
     for t in archive::tables() {
-        let same = tables
+        let width = tables
             .get(t.name)
             .and_then(JsonValue::as_array)
-            .is_some_and(|cols| {
-                cols.len() == t.columns.len()
+            .filter(|cols| {
+                cols.len() <= t.columns.len()
                     && cols
                         .iter()
                         .zip(t.columns)
                         .all(|(a, b)| a.as_str() == Some(b))
-            });
-        if !same {
-            return Err(bad(
-                n,
-                format!("its {} columns differ from this library's", t.name),
-            ));
-        }
+                    && t.columns[cols.len()..].iter().all(|c| {
+                        archive::ADDED_COLUMNS
+                            .iter()
+                            .any(|(table, column, _)| *table == t.name && column == c)
+                    })
+            })
+            .map(Vec::len)
+            .ok_or_else(|| {
+                bad(
+                    n,
+                    format!("its {} columns differ from this library's", t.name),
+                )
+            })?;
+        widths.insert(t.name, width);
     }
     if tables.len() != archive::tables().count() {
         return Err(bad(n, "it archives tables this library does not know"));
     }
-    Ok(())
+    Ok(widths)
 }
 
 /// Which of `run_ids` are in the ledger.

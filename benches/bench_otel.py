@@ -28,7 +28,7 @@ import fencepost.otel
 from benches.conftest import label
 
 N = 200
-ROUNDS = 15
+ROUNDS = 40
 GROUP = "reserve+finish cycle, telemetry (2 tx)"
 _ids = itertools.count()
 

@@ -18,9 +18,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// One thing worth telling the operator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
-    /// A contended write is about to try again (`retries` so far, `waited_ms` since the first
-    /// try).
-    BusyRetry { retries: u32, waited_ms: u64 },
+    /// Contended writes tried again `count` times (consecutive retries are merged into one
+    /// notice, so a busy spell costs one report, not one per try), the longest having waited
+    /// `waited_ms` since its first try.
+    BusyRetries { count: u64, waited_ms: u64 },
     /// A PostgreSQL session was found dead and a new one opened.
     Reconnected { reason: String },
     /// The schema moved forward from version `from` (0: a new ledger) to `to`.
@@ -78,6 +79,26 @@ pub fn push(notice: Notice) {
     PENDING.store(true, Ordering::Release);
 }
 
+/// Count one more retry of a contended write that has waited `waited_ms` so far: merged into
+/// the newest notice while that is a [`Notice::BusyRetries`].
+pub fn busy_retry(waited_ms: u64) {
+    let mut q = queue();
+    if let Some(Notice::BusyRetries {
+        count,
+        waited_ms: longest,
+    }) = q.notices.back_mut()
+    {
+        *count += 1;
+        *longest = (*longest).max(waited_ms);
+    } else {
+        q.push(Notice::BusyRetries {
+            count: 1,
+            waited_ms,
+        });
+    }
+    PENDING.store(true, Ordering::Release);
+}
+
 /// Whether anything is queued (cheap: one atomic load).
 pub fn pending() -> bool {
     PENDING.load(Ordering::Acquire)
@@ -126,5 +147,22 @@ mod tests {
             .collect();
         assert_eq!(sizes, [2, 3, 4]);
         assert!(q.take().is_empty());
+    }
+
+    #[test]
+    fn busy_retries_in_a_row_are_one_notice() {
+        busy_retry(3);
+        busy_retry(9);
+        busy_retry(5);
+        // Other tests of this process may retry too: only the merged sum is certain.
+        let merged: Vec<(u64, u64)> = take()
+            .into_iter()
+            .filter_map(|n| match n {
+                Notice::BusyRetries { count, waited_ms } => Some((count, waited_ms)),
+                _ => None,
+            })
+            .collect();
+        assert!(merged.iter().map(|m| m.0).sum::<u64>() >= 3);
+        assert!(merged.iter().any(|m| m.0 >= 3 && m.1 >= 9), "{merged:?}");
     }
 }

@@ -6,6 +6,7 @@ writes, on both backends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import subprocess
 import sys
@@ -337,3 +338,69 @@ def test_the_global_providers_are_used_once_set() -> None:
         "['reserve_attempt'] ['fencepost.commit.group_size', 'fencepost.operation.duration', "
         "'fencepost.operations']"
     )
+
+
+def test_a_write_that_waits_on_another_process_reports_its_retries(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture, otel: Otel
+) -> None:
+    """Another process holds SQLite's write lock past the busy budget: the write's retries
+    are counted and logged at DEBUG, and its giving up at WARNING."""
+    path = tmp_path / "busy.db"
+    with (
+        caplog.at_level(logging.DEBUG, logger="fencepost"),
+        fp.Ledger.open(str(path), busy_timeout_ms=300) as ledger,
+    ):
+        holder = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sqlite3, sys, time\n"
+                f"c = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+                "c.execute('BEGIN IMMEDIATE')\n"
+                "print('held', flush=True)\n"
+                "sys.stdin.readline()\n",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline() == "held\n"
+            with pytest.raises(fp.StoreBusy):
+                ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], force=True)
+        finally:
+            holder.communicate("\n", timeout=30)
+        assert ledger.list_runs() == []
+    events = [r.__dict__.get("event") for r in caplog.records if r.name == "fencepost"]
+    assert "store.busy" in events
+    retried = [r for r in caplog.records if r.__dict__.get("event") == "store.busy_retries"]
+    assert retried
+    assert all(r.levelno == logging.DEBUG for r in retried)
+    counted = sum(r.__dict__["count"] for r in retried)
+    assert counted >= 10  # 300 ms of sleeps of at most 4 ms
+    assert otel.total("fencepost.store.busy_retries") == counted
+    assert otel.total("fencepost.operations", operation="start_run", outcome="error") == 1
+
+
+def test_a_reconnect_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    from tests.conftest import pg_connect, pg_schema
+
+    with (
+        caplog.at_level(logging.WARNING, logger="fencepost"),
+        pg_schema() as url,
+        fp.Ledger.open(url) as ledger,
+    ):
+        ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True)
+        with pg_connect(url) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'fencepost' AND pid <> pg_backend_pid() "
+                "AND datname = current_database()"
+            )
+        with contextlib.suppress(fp.StoreError):
+            ledger.get_run("r1")  # may meet the dead session
+        assert ledger.get_run("r1") is not None
+    reconnected = [r for r in caplog.records if r.__dict__.get("event") == "store.reconnected"]
+    assert len(reconnected) >= 1
+    assert reconnected[0].levelno == logging.WARNING

@@ -9,8 +9,9 @@ what happened), so a structured handler gets them as data rather than parsing th
 
 Levels: a takeover, a refused write, a reconnect and a write that gave up on contention are
 ``WARNING`` (each means something went wrong somewhere); a migration and a prune are ``INFO``
-(once per open or per prune); a busy retry is ``DEBUG``: under contention it is the hot path,
-and nothing there logs at ``INFO``.
+(once per open or per prune); busy retries are ``DEBUG`` (the retries in a row between two
+calls' returns are one record): under contention they are the hot path, and nothing there
+logs at ``INFO``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Sink(Protocol):
 
     def takeover(self) -> None: ...
     def refused(self, reason: str) -> None: ...
-    def busy_retry(self) -> None: ...
+    def busy_retries(self, count: int) -> None: ...
     def groups(self, sizes: Sequence[int]) -> None: ...
 
 
@@ -85,16 +86,15 @@ def gave_up(waited_ms: int, retries: int) -> None:
     )
 
 
-def busy_retry(retries: int, waited_ms: int) -> None:
-    if logger.isEnabledFor(logging.DEBUG):
-        logger.debug(
-            "a contended write retries (retry %d, %d ms so far)",
-            retries,
-            waited_ms,
-            extra={"event": "store.busy_retry", "retries": retries, "waited_ms": waited_ms},
-        )
+def busy_retries(count: int, waited_ms: int) -> None:
+    logger.debug(
+        "contended writes tried again %d times (the longest had waited %d ms)",
+        count,
+        waited_ms,
+        extra={"event": "store.busy_retries", "count": count, "waited_ms": waited_ms},
+    )
     if sink is not None:
-        sink.busy_retry()
+        sink.busy_retries(count)
 
 
 def reconnected(reason: str) -> None:

@@ -116,7 +116,7 @@ class _Telemetry:
             unit="{call}",
             description="Calls committed together in one group-commit transaction",
         )
-        self.busy_retries = meter.create_counter(
+        self.retries = meter.create_counter(
             "fencepost.store.busy_retries",
             unit="{retry}",
             description="Contended writes tried again",
@@ -149,8 +149,8 @@ class _Telemetry:
     def refused(self, reason: str) -> None:
         self.rejections.add(1, {"reason": reason})
 
-    def busy_retry(self) -> None:
-        self.busy_retries.add(1)
+    def busy_retries(self, count: int) -> None:
+        self.retries.add(count)
 
     def groups(self, sizes: Sequence[int]) -> None:
         for size in sizes:

@@ -34,8 +34,8 @@ pub fn flush(py: Python<'_>) {
     let mut groups: Vec<u64> = Vec::new();
     for notice in observe::take() {
         match notice {
-            Notice::BusyRetry { retries, waited_ms } => {
-                report(py, "busy_retry", (retries, waited_ms));
+            Notice::BusyRetries { count, waited_ms } => {
+                report(py, "busy_retries", (count, waited_ms));
             }
             Notice::Reconnected { reason } => report(py, "reconnected", (reason,)),
             Notice::Migrated { from, to } => report(py, "migrated", (from, to)),

@@ -725,10 +725,7 @@ impl Backoff {
             });
         }
         self.retries += 1;
-        crate::observe::push(crate::observe::Notice::BusyRetry {
-            retries: self.retries,
-            waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
-        });
+        crate::observe::busy_retry(u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
         // A small xorshift: no dependency for jitter.
         self.seed ^= self.seed << 13;
         self.seed ^= self.seed >> 7;

@@ -49,6 +49,7 @@ pub fn install(conn: &mut Connection, budget_ms: u64) -> rusqlite::Result<Arc<Bu
         if left.is_zero() {
             return false;
         }
+        crate::observe::busy_retry(u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX));
         // 1, 2, 3, then MAX_SLEEP milliseconds: short waits stay short.
         let step = Duration::from_millis(u64::try_from(tries).unwrap_or(0).saturating_add(1));
         std::thread::sleep(step.min(MAX_SLEEP).min(left));

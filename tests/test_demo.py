@@ -21,6 +21,7 @@ def test_demo_report_and_invariants(demo: tuple[pathlib.Path, dict[str, Any], st
     assert report["units"] == 600
     assert report["workers"] == 3
     assert all(report["invariants"].values())
+    assert report["invariants"]["the leases count the takeovers and refused writes"]
     assert report["killed_worker"] == 0
     # The killed worker's shard was taken over at the next generation, its in-flight batch
     # reclaimed in place, and its replayed claim refused on every write.
@@ -48,7 +49,7 @@ def test_demo_text_report_without_kill(tmp_path: pathlib.Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "invariants (read back from the database):" in done.stdout
     assert "FAIL" not in done.stdout
-    assert done.stdout.count("ok   ") == 4
+    assert done.stdout.count("ok   ") == 5
     assert "killed                -" in done.stdout
 
 

@@ -199,7 +199,9 @@ def _stale_writer(ledger: fp.Ledger, dead: tuple[str, int, str], unit: str) -> i
     return refused
 
 
-def _invariants(ledger: fp.Ledger, parent: str, shards: list[str], units: int) -> dict[str, bool]:
+def _invariants(
+    ledger: fp.Ledger, parent: str, shards: list[str], units: int, takeovers: int, refused: int
+) -> dict[str, bool]:
     finished_once = True
     seen = 0
     attempts = 0
@@ -227,8 +229,16 @@ def _invariants(ledger: fp.Ledger, parent: str, shards: list[str], units: int) -
             break
         finished_events += len(page)
         after = page[-1].seq
+    leases = [ledger.lease(run_id) for run_id in shards]
+    # Every claim of another worker's shard takes an expired lease over; the leases also count
+    # a live worker's writes refused after its own lease lapsed, so theirs may be higher.
+    fence_counted = (
+        sum(lease.takeovers for lease in leases) == takeovers
+        and sum(lease.refused_writes for lease in leases) >= refused
+    )
     return {
         "every unit finished exactly once": finished_once and seen == units,
+        "the leases count the takeovers and refused writes": fence_counted,
         "every attempt has its events": not ledger.orphan_attempts() and finished_events == units,
         "one owner per generation": generations_ok,
         "database integrity_check ok": ledger.integrity_check() == ["ok"],
@@ -337,7 +347,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             refused += _stale_writer(ledger, claims[victim], unit)
         ledger.complete_step(parent, "fan-out", summary=f"{units} units")
         total_attempts = sum(ledger.accounting(s).total_attempts for s in shards)
-        checks = _invariants(ledger, parent, shards, units)
+        checks = _invariants(ledger, parent, shards, units, len(takeovers), refused)
     report = {
         "database": shown,
         "units": units,
@@ -372,4 +382,5 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         for name, ok in checks.items():
             out.write(f"  {'ok  ' if ok else 'FAIL'} {name}\n")
         out.write(f"ledger: {shown}\n  try: fencepost show {parent} --db {shown}\n")
+        out.write(f"       fencepost ui --db {shown}\n")
     return 0 if all(checks.values()) else 1

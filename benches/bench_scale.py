@@ -55,20 +55,36 @@ def _size_name(attempts: int) -> str:
     return "fencepost" if attempts == SMALL else f"fencepost @{attempts // 1000}k"
 
 
-def _fill(ledger: fp.Ledger, run_id: str, units: int, offset: int = 0) -> None:
+def fill(
+    ledger: fp.Ledger,
+    run_id: str,
+    units: int,
+    offset: int = 0,
+    *,
+    clock: Clock | None = None,
+    tick_ms: int = 0,
+    worked: bool = False,
+) -> None:
     """``units`` attempts in batches: reserved, then finished (one in 50 failed, the last batch
-    of a big run left running)."""
+    of a big run left running). ``clock`` moves by ``tick_ms`` per batch (events spread over
+    time); ``worked`` gives each unit a holder and tokens, as a dashboard shows them."""
+
+    def holder(i: int) -> dict[str, str]:
+        return {"holder": f"worker-{i % 8}"} if worked else {}
+
     for start in range(0, units, BATCH):
+        if clock is not None and clock.now_ms is not None:
+            clock.now_ms += tick_ms
         got = ledger.reserve_attempts(
             run_id,
-            [{"unit_id": f"u{offset + i:07d}", "step_id": "s"}
+            [{"unit_id": f"u{offset + i:07d}", "step_id": "s", **holder(i)}
              for i in range(start, min(units, start + BATCH))],
         )  # fmt: skip
         if units > PER_RUN and start + BATCH >= units:
             return
         ledger.finish_attempts(
             [{"run_id": run_id, "unit_id": r.unit_id, "attempt": r.attempt,
-              "dispatch_id": r.dispatch_id,
+              "dispatch_id": r.dispatch_id, **({"tokens": 3} if worked else {}),
               "status": "failed" if i % 50 == 0 else "completed", "result": {"n": i}}
              for i, r in enumerate(got)]
         )  # fmt: skip
@@ -91,7 +107,7 @@ def build(path: pathlib.Path, attempts: int) -> Built:
             clock.now_ms = now - 40 * DAY_MS if old else now - DAY_MS
             ledger.start_run("bench", scope_key=None, steps=[{"id": "s"}], run_id=run_id,
                              force=True)  # fmt: skip
-            _fill(ledger, run_id, PER_RUN)
+            fill(ledger, run_id, PER_RUN)
             if old:
                 ledger.abandon_run(run_id)
                 finished.append(run_id)
@@ -110,7 +126,7 @@ def build(path: pathlib.Path, attempts: int) -> Built:
             ledger.reserve_run(f"ctl-{i:02d}", **queued())
             ledger.claim(f"ctl-{i:02d}", "controller-1", lease_ms=DAY_MS)
         ledger.start_run("bench", scope_key=None, steps=[{"id": "s"}], run_id="big", force=True)
-        _fill(ledger, "big", attempts - small_runs * PER_RUN)
+        fill(ledger, "big", attempts - small_runs * PER_RUN)
         last_seq = ledger.events(finished[0], limit=10_000)[-1].seq
         clock.now_ms = None
         ledger.start_run("bench", scope_key=None, steps=[{"id": "s"}], run_id="now", force=True)
@@ -196,7 +212,7 @@ def bench_scale_batch_write(benchmark: Any, built: Built, ledger: fp.Ledger) -> 
         ledger.start_run("bench", scope_key=None, steps=[{"id": "s"}], run_id=run_id, force=True)
         return (run_id,), {}
 
-    benchmark.pedantic(lambda run_id: _fill(ledger, run_id, BATCH), setup=setup, rounds=30)
+    benchmark.pedantic(lambda run_id: fill(ledger, run_id, BATCH), setup=setup, rounds=30)
 
 
 def bench_scale_prune(benchmark: Any, built: Built, tmp_path: pathlib.Path) -> None:

@@ -1,6 +1,7 @@
 """Checks of the release artifacts, run by scripts/test after building them.
 
-    python scripts/check_dist.py wheel WHEEL   the wheel declares no runtime dependencies, and
+    python scripts/check_dist.py wheel WHEEL   the wheel declares no runtime dependencies,
+                                               holds the dashboard's static files, and
                                                `auditwheel show` finds it consistent with the
                                                manylinux tag in its name
     python scripts/check_dist.py sdist SDIST   the source archive holds what a build needs:
@@ -32,14 +33,24 @@ def glibc(tag: str) -> tuple[int, int] | None:
     return legacy.get(tag.split("_", 1)[0])
 
 
+# The dashboard's page (`fencepost ui`) is served from these files inside the package.
+DASHBOARD_FILES = [
+    f"fencepost/ui/static/{name}" for name in ("index.html", "app.js", "app.css", "favicon.svg")
+]
+
+
 def check_wheel(path: str) -> int:
     with zipfile.ZipFile(path) as wheel:
-        meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+        names = wheel.namelist()
+        meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
         requires = [
             line
             for line in wheel.read(meta).decode().splitlines()
             if line.startswith("Requires-Dist:")
         ]
+    missing = [n for n in DASHBOARD_FILES if n not in names]
+    if missing:
+        return fail(f"the wheel lacks the dashboard's files: {missing}")
     # An optional extra (`fencepost[otel]`) is installed only when asked for.
     unconditional = [r for r in requires if "extra ==" not in r]
     if unconditional:
@@ -63,7 +74,10 @@ def check_wheel(path: str) -> int:
         return fail("auditwheel found no manylinux tag the wheel is consistent with")
     if min(claimed) < limit:
         return fail(f"the wheel claims {platforms}, but its symbols need {allowed[1]}")
-    print(f"wheel ok: {platforms} (auditwheel: {allowed[1]}), no runtime dependencies")
+    print(
+        f"wheel ok: {platforms} (auditwheel: {allowed[1]}), no runtime dependencies, "
+        "the dashboard's files"
+    )
     return 0
 
 

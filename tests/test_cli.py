@@ -54,6 +54,13 @@ def test_runs_show_events_leases(demo: tuple[pathlib.Path, dict[str, Any], str])
 
     leases = json.loads(cli("leases", "--db", str(db), "--json").stdout)
     assert {le["generation"] for le in leases} >= {0, 1}
+    # The killed worker's shard: taken over once, the dead claim's four writes refused.
+    fenced = [le for le in leases if le["takeovers"]]
+    assert [(le["takeovers"], le["refused_writes"]) for le in fenced] == [(1, 4)]
+    shown = cli("show", fenced[0]["run_id"], "--db", str(db)).stdout
+    assert "takeovers 1, stale writes refused 4" in shown
+    table = cli("leases", "--db", str(db)).stdout.splitlines()
+    assert table[0].split()[-2:] == ["TAKEOVERS", "REFUSED"]
     assert json.loads(cli("leases", "--expired", "--db", str(db), "--json").stdout) == []
 
 

@@ -13,12 +13,13 @@ import datetime
 import json
 import os
 import pathlib
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
 import fencepost as fp
-from fencepost import _core, demo
+from fencepost import _core, _doctor, demo
 from fencepost._format import iso, key_values, plain, table, write_json
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
@@ -123,6 +124,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         ("updated", iso(run.updated_at)), ("completed", iso(run.completed_at)),
         ("lease", f"generation {lease.generation}, owner {lease.owner_id or '-'}"
                   f" ({lease.owner_type or '-'}), expires {iso(lease.expires_at)}"),
+        ("fence", f"takeovers {lease.takeovers}, stale writes refused {lease.refused_writes}"),
         ("units", f"{total} " + " ".join(f"{k}={v}" for k, v in by_status.items())),
         ("attempts", f"{accounting.total_attempts} (unit {accounting.dispatch_attempts}, "
                      f"gate {accounting.gate_attempts}), tokens {accounting.total_tokens}"),
@@ -188,47 +190,32 @@ def cmd_leases(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_OK
     rows = [
         (le.run_id, le.generation, le.owner_id, le.owner_type, iso(le.expires_at),
-         iso(le.heartbeat_at))
+         iso(le.heartbeat_at), le.takeovers, le.refused_writes)
         for le in leases
     ]  # fmt: skip
-    table(rows, ["RUN", "GEN", "OWNER", "TYPE", "EXPIRES", "HEARTBEAT"], out)
+    table(rows, ["RUN", "GEN", "OWNER", "TYPE", "EXPIRES", "HEARTBEAT", "TAKEOVERS", "REFUSED"],
+          out)  # fmt: skip
     return EXIT_OK
 
 
 def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
     with open_existing(args.db) as ledger:
-        if args.vacuum:
-            ledger.vacuum()
-        pragmas = ledger.pragmas()
-        integrity = ledger.integrity_check(quick=not args.full)
-        orphans = ledger.orphan_attempts()
-        expired = ledger.expired_leases(active_only=True)
-    healthy = integrity == ["ok"] and not orphans
-    report = {
-        "database": ledger.target,
-        "schema_version": pragmas["schema_version"],
-        "library_schema_version": fp.SCHEMA_VERSION,
-        "pragmas": pragmas,
-        "integrity_check": integrity,
-        "integrity_check_mode": "full" if args.full else "quick",
-        "orphan_attempts": [
-            {"run_id": r, "unit_id": u, "attempt": a, "dispatch_id": d} for r, u, a, d in orphans
-        ],
-        "expired_leases_on_active_runs": plain(expired),
-        "healthy": healthy,
-    }
+        found = _doctor.gather(ledger, full=args.full, vacuum=args.vacuum)
+    pragmas, integrity = found.pragmas, found.integrity or []
+    orphans, expired = found.orphans or [], found.expired
+    healthy = bool(found.healthy)
     if args.json:
-        write_json(report, out)
+        write_json(found.report(), out)
     else:
         lines = [
-            ("database", ledger.target),
+            ("database", found.target),
             ("schema", f"{pragmas['schema_version']} (library {fp.SCHEMA_VERSION})"),
             ("journal_mode", pragmas["journal_mode"]),
             ("synchronous", pragmas["synchronous"]),
             ("busy_timeout", f"{pragmas['busy_timeout']} ms"),
             ("foreign_keys", "on" if pragmas["foreign_keys"] else "off"),
             *([("tls", pragmas["tls"])] if pragmas.get("tls") is not None else []),
-            ("integrity", f"{'; '.join(integrity)} ({'full' if args.full else 'quick'} check)"),
+            ("integrity", f"{'; '.join(integrity)} ({found.integrity_mode} check)"),
             ("orphan attempts", str(len(orphans))),
             ("expired leases on active runs", str(len(expired))),
         ]
@@ -241,6 +228,54 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
             )
         out.write("healthy\n" if healthy else "NOT healthy\n")
     return EXIT_OK if healthy else EXIT_REFUSED
+
+
+def cmd_ui(args: argparse.Namespace, out: TextIO) -> int:
+    from fencepost import ui
+
+    token = args.token if args.token is not None else os.environ.get("FENCEPOST_UI_TOKEN") or None
+    if token is not None and not token.strip():
+        usage("--token must not be empty")
+    if token is None and not ui.is_loopback(args.host):
+        usage(
+            f"--host {args.host} is not loopback: the dashboard would be open to the network. "
+            "Pass --token T (or set FENCEPOST_UI_TOKEN) and every request must carry it, or "
+            "keep the default --host 127.0.0.1"
+        )
+    if not args.db.startswith(("postgresql://", "postgres://")):
+        open_existing(args.db).close()  # the clear message for a missing file
+    try:
+        server = ui.make_server(args.db, host=args.host, port=args.port, token=token)
+    except OSError as e:
+        raise Refused(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
+    url = server.url + (f"?token={token}" if token is not None else "")
+    out.write(f"fencepost ui: {server.dashboard.ledger.target} (read-only)\n")
+    out.write(f"serving on {url}  (Ctrl-C stops)\n")
+    out.flush()
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # A service manager's SIGTERM stops it as cleanly as Ctrl-C does.
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        out.write("stopping\n")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.server_close()
+    return EXIT_OK
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 65535, not {value}")
+    return value
 
 
 def _progress(verb: str) -> Callable[[str], None] | None:
@@ -427,6 +462,21 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--archive", metavar="FILE", help="write each tree here first (.gz: gzip)")
     pr.add_argument("--dry-run", action="store_true", help="count only; change nothing")
     pr.set_defaults(func=cmd_prune)
+
+    u = sub.add_parser("ui", help="serve a read-only web dashboard of the ledger")
+    u.add_argument(
+        "--db", default=default_db(), help="ledger file (default $FENCEPOST_DB or ./fencepost.db)"
+    )
+    u.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    u.add_argument(
+        "--port", type=_port, default=8177, help="port to listen on (default 8177; 0: any free)"
+    )
+    u.add_argument(
+        "--token",
+        help="require this token on every request (needed for a --host other than loopback; "
+        "default $FENCEPOST_UI_TOKEN)",
+    )
+    u.set_defaults(func=cmd_ui)
 
     rs = sub.add_parser("restore", parents=[common], help="put back the runs of an archive")
     rs.add_argument("archive", metavar="FILE")

@@ -1,0 +1,705 @@
+"""The dashboard's JSON API: one function per call, each made of a bounded number of public
+``Ledger`` reads, so a page costs the same on a ledger of a thousand attempts and of millions.
+
+Every answer is a dict ready for :func:`dumps`. Everything in it that came from the ledger
+(ids, workflow refs, scope keys, JSON documents) is user data: it is sent as JSON strings and
+numbers only, and the page renders it as text. Long JSON documents (params, results, payloads)
+are sent as their JSON text, cut at a fixed length: a page of units must not carry a megabyte
+result per row.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import json
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import fencepost as fp
+from fencepost import _core, _doctor
+from fencepost._format import iso
+
+__all__ = [
+    "PAGE_DEFAULT",
+    "PAGE_MAX",
+    "ApiError",
+    "EventFeed",
+    "RunTotals",
+    "Throughput",
+    "doctor",
+    "dumps",
+    "events_page",
+    "flag",
+    "head_seq",
+    "leases_page",
+    "meta",
+    "one",
+    "run_detail",
+    "run_totals",
+    "runs_page",
+    "units_page",
+]
+
+Query = Mapping[str, Sequence[str]]
+
+PAGE_DEFAULT = 50
+PAGE_MAX = 200
+# The most attempts shown per unit: its latest ones (a unit retried without end stays one row).
+ATTEMPTS_SHOWN = 20
+# Children listed on a run's page; the total is given beside them.
+CHILDREN_SHOWN = 100
+# Leases with an owner listed per state list on the leases page.
+LEASES_SHOWN = 100
+# JSON documents in lists (results, payloads) and on a run's page (params, outputs, evidence).
+CLIP_LIST = 2_000
+CLIP_DETAIL = 64_000
+MINUTE_MS = 60_000
+# A run's page reads its unit counts and accounting (each an aggregate over all of the run's
+# units or attempts) at once up to this revision (about one event per reserve and per finish:
+# some 200 000 attempts, each aggregate well within a page's 200 ms); past it, when asked.
+TOTALS_AUTO_MAX_REVISION = 400_000
+
+
+class ApiError(Exception):
+    """A request the API answers with an error: ``status`` is the HTTP status, ``message`` says
+    what was wrong in words fit to show."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+# ------------------------------------------------------------------ encoding
+
+
+def dumps(value: Any) -> bytes:
+    """``value`` as JSON that is inert in any context: ``<``, ``>`` and ``&`` escaped (so no
+    byte sequence of it can close a script or open a tag if it is ever embedded in HTML), and
+    everything outside ASCII escaped too (so no encoding mix-up can change it)."""
+    text = json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
+
+
+def clip(value: Any, limit: int = CLIP_LIST) -> str:
+    """A JSON document as its text, cut to ``limit`` characters (marked with an ellipsis)."""
+    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), sort_keys=False)
+    return text if len(text) <= limit else text[:limit] + "\u2026"
+
+
+def _ms(value: dt.datetime | None) -> int | None:
+    return None if value is None else fp.models.to_ms(value)
+
+
+# ------------------------------------------------------------------ query strings
+
+
+def one(query: Query, name: str) -> str | None:
+    values = query.get(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise ApiError(400, f"give {name} once, not {len(values)} times")
+    return values[0]
+
+
+def _int(query: Query, name: str, default: int, low: int, high: int) -> int:
+    text = one(query, name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ApiError(400, f"{name} must be a whole number, not {text!r}") from None
+    if not low <= value <= high:
+        raise ApiError(400, f"{name} must be from {low} to {high}, not {value}")
+    return value
+
+
+def flag(query: Query, name: str) -> bool:
+    return (one(query, name) or "") in ("1", "true", "yes", "on")
+
+
+def _limit(query: Query) -> int:
+    return _int(query, "limit", PAGE_DEFAULT, 1, PAGE_MAX)
+
+
+def _required(query: Query, name: str) -> str:
+    value = one(query, name)
+    if not value:
+        raise ApiError(400, f"{name} is required")
+    return value
+
+
+# ------------------------------------------------------------------ records
+
+
+def run_summary(run: fp.Run) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "workflow_ref": run.workflow_ref,
+        "workflow_name": run.workflow_name,
+        "scope_key": run.scope_key,
+        "status": run.status,
+        "current_step_id": run.current_step_id,
+        "parent_run_id": run.parent_run_id,
+        "revision": run.revision,
+        "created_at": iso(run.created_at),
+        "updated_at": iso(run.updated_at),
+        "completed_at": None if run.completed_at is None else iso(run.completed_at),
+    }
+
+
+def lease_record(lease: fp.Lease, now_ms: int) -> dict[str, Any]:
+    """A lease with its state at ``now_ms``: ``free`` (no owner), ``live``, ``expiring`` (past
+    two thirds of its term since the last heartbeat: its owner is late) or ``expired``; and
+    what the fence did on it (``takeovers``, ``refused_writes``)."""
+    expires = _ms(lease.expires_at)
+    beat = _ms(lease.heartbeat_at)
+    if lease.owner_id is None or expires is None:
+        state, remaining = "free", None
+    else:
+        remaining = expires - now_ms
+        term = expires - beat if beat is not None and beat < expires else None
+        if remaining <= 0:
+            state = "expired"
+        elif term is not None and remaining * 3 < term:
+            state = "expiring"
+        else:
+            state = "live"
+    return {
+        "run_id": lease.run_id,
+        "generation": lease.generation,
+        "owner_id": lease.owner_id,
+        "owner_type": lease.owner_type,
+        "expires_at": None if lease.expires_at is None else iso(lease.expires_at),
+        "heartbeat_at": None if lease.heartbeat_at is None else iso(lease.heartbeat_at),
+        "state": state,
+        "remaining_ms": remaining,
+        "takeovers": lease.takeovers,
+        "refused_writes": lease.refused_writes,
+    }
+
+
+def attempt_record(a: fp.Attempt) -> dict[str, Any]:
+    started, finished = _ms(a.started_at), _ms(a.finished_at)
+    return {
+        "attempt": a.attempt,
+        "dispatch_id": a.dispatch_id,
+        "status": a.status,
+        "phase": a.phase,
+        "holder": a.holder,
+        "lease_generation": a.lease_generation,
+        "reclaims": a.reclaims,
+        "result": None if a.result is None else clip(a.result),
+        "tokens": a.tokens,
+        "failure_reason": a.failure_reason,
+        "started_at": iso(a.started_at),
+        "finished_at": None if a.finished_at is None else iso(a.finished_at),
+        "duration_ms": None if started is None or finished is None else finished - started,
+    }
+
+
+def event_record(e: fp.Event) -> dict[str, Any]:
+    payload = e.payload
+    taken_from = None
+    if e.type == "lease.claimed" and isinstance(payload, dict):
+        owner = payload.get("taken_from")
+        taken_from = owner if isinstance(owner, str) else None
+    return {
+        "seq": e.seq,
+        "ts": iso(e.ts),
+        "run_id": e.resource_id,
+        "revision": e.revision,
+        "type": e.type,
+        "actor_type": e.actor_type,
+        "actor_id": e.actor_id,
+        "generation": e.generation,
+        "payload": clip(payload),
+        "taken_from": taken_from,
+    }
+
+
+# ------------------------------------------------------------------ calls
+
+
+def meta(ledger: fp.Ledger, *, token_required: bool) -> dict[str, Any]:
+    """What every page shows in its header, and the filters' choices."""
+    return {
+        "database": ledger.target,
+        "version": fp.__version__,
+        "run_statuses": list(_core.RUN_STATUSES),
+        "unit_statuses": list(_core.UNIT_STATUSES),
+        "read_only": True,
+        "token_required": token_required,
+        "page_max": PAGE_MAX,
+        "totals_auto_max_revision": TOTALS_AUTO_MAX_REVISION,
+    }
+
+
+def runs_page(ledger: fp.Ledger, query: Query) -> dict[str, Any]:
+    """A page of runs, most recently updated first, filtered by status (repeatable), scope and
+    workflow ref (repeatable); ``after`` (a run id) is the last run of the page before."""
+    limit = _limit(query)
+    statuses = [s for s in query.get("status", []) if s]
+    for status in statuses:
+        if status not in _core.RUN_STATUSES:
+            raise ApiError(400, f"unknown run status {status!r}")
+    workflows = [w for w in query.get("workflow", []) if w]
+    scope = one(query, "scope")
+    after_id = one(query, "after")
+    after = None
+    if after_id:
+        after = ledger.get_run(after_id)
+        if after is None:
+            raise ApiError(404, f"run {after_id!r} (the page cursor) no longer exists")
+    # One more than asked says whether another page follows.
+    runs = ledger.list_runs(
+        scope_key=scope if scope else fp.ALL_SCOPES,
+        workflow_refs=workflows or None,
+        status=statuses or None,
+        include_children=flag(query, "children"),
+        limit=limit + 1,
+        after=after,
+    )
+    shown = runs[:limit]
+    return {
+        "runs": [run_summary(r) for r in shown],
+        "next": shown[-1].run_id if len(runs) > limit else None,
+        "limit": limit,
+    }
+
+
+def _run(ledger: fp.Ledger, query: Query, name: str) -> fp.Run:
+    run_id = _required(query, name)
+    run = ledger.get_run(run_id)
+    if run is None:
+        raise ApiError(404, f"no run {run_id!r}")
+    return run
+
+
+def run_detail(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
+    """One run: the run, its steps, lease (with the fence's counts), parent and children.
+    Its unit counts and accounting, which read every unit or attempt of the run, are
+    :func:`run_totals`, a call of their own that the page makes at the same time."""
+    run = _run(ledger, query, "id")
+    steps = ledger.steps(run.run_id)
+    lease = ledger.lease(run.run_id)
+    children = ledger.child_runs(run.run_id)
+    parent = ledger.get_run(run.parent_run_id) if run.parent_run_id else None
+    return {
+        "run": {
+            **run_summary(run),
+            "parent_unit_id": run.parent_unit_id,
+            "invocation_key": run.invocation_key,
+            "origin_session_id": run.origin_session_id,
+            "params": clip(run.params, CLIP_DETAIL),
+            "outputs": None if run.outputs is None else clip(run.outputs, CLIP_DETAIL),
+        },
+        "steps": [
+            {
+                "step_id": s.step_id,
+                "title": s.title,
+                "sequence_index": s.sequence_index,
+                "status": s.status,
+                "summary": s.summary,
+                "notes": s.notes,
+                "evidence": None if s.evidence is None else clip(s.evidence),
+                "completed_at": None if s.completed_at is None else iso(s.completed_at),
+            }
+            for s in steps
+        ],
+        "lease": lease_record(lease, now_ms),
+        "parent": None if parent is None else run_summary(parent),
+        "children": [run_summary(c) for c in children[:CHILDREN_SHOWN]],
+        "children_total": len(children),
+    }
+
+
+class RunTotals:
+    """A run's unit counts and accounting, remembered by the run's revision.
+
+    Both are aggregates over the run's units or attempts (a run of 500 000 units takes over
+    100 ms each), and both change only when an attempt is reserved, reclaimed or finished,
+    which appends one of the run's events and so moves its revision. Keyed by (run, revision),
+    a remembered answer is exact, and viewing a run again (paging its units, a reload) costs a
+    read of the run only."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, int, str], Any] = {}
+
+    def get(self, run: fp.Run, kind: str) -> Any:
+        with self._lock:
+            return self._seen.get((run.run_id, run.revision, kind))
+
+    def put(self, run: fp.Run, kind: str, value: Any) -> None:
+        with self._lock:
+            self._seen[(run.run_id, run.revision, kind)] = value
+            while len(self._seen) > self.size:
+                del self._seen[next(iter(self._seen))]
+
+
+def run_totals(ledger: fp.Ledger, query: Query, totals: RunTotals) -> dict[str, Any]:
+    """A run's units by status (``part=units``) or its attempt and token accounting
+    (``part=accounting``): one aggregate each, so the page asks for both at once and a pool of
+    connections answers them side by side."""
+    run = _run(ledger, query, "run")
+    part = one(query, "part")
+    if part == "units":
+        counts = totals.get(run, part)
+        if counts is None:
+            counts = ledger.unit_counts(run.run_id)
+            totals.put(run, part, counts)
+        return {"run_id": run.run_id, "total": sum(counts.values()), "by_status": counts}
+    if part == "accounting":
+        found = totals.get(run, part)
+        if found is None:
+            found = ledger.accounting(run.run_id)
+            totals.put(run, part, found)
+        return {
+            "run_id": run.run_id,
+            "total_attempts": found.total_attempts,
+            "total_tokens": found.total_tokens,
+            "dispatch_attempts": found.dispatch_attempts,
+            "dispatch_tokens": found.dispatch_tokens,
+            "gate_attempts": found.gate_attempts,
+            "gate_tokens": found.gate_tokens,
+        }
+    raise ApiError(400, "part must be 'units' or 'accounting'")
+
+
+SCANNED = 1_000
+"""How many of a run's units one status-filtered view of its units looks through."""
+
+
+def units_page(ledger: fp.Ledger, query: Query, totals: RunTotals | None = None) -> dict[str, Any]:
+    """A page of a run's units (optionally of one step and status), each with its latest
+    attempts; ``after`` is the last unit id of the page before. A status the run's counts
+    (when known for its current revision) say it has no unit of is answered without reading:
+    the read would walk all of the run's units to find none."""
+    run = _run(ledger, query, "run")
+    run_id = run.run_id
+    limit = _limit(query)
+    step = one(query, "step") or None
+    status = one(query, "status") or None
+    if status is not None and status not in _core.UNIT_STATUSES:
+        raise ApiError(400, f"unknown unit status {status!r}")
+    counts = None if totals is None or status is None else totals.get(run, "units")
+    if counts is not None and not counts.get(status, 0):
+        return {"units": [], "next": None, "limit": limit}
+    after = one(query, "after") or None
+    scanned: int | None = None
+    if status is None:
+        units = ledger.units(run_id, step_id=step, limit=limit + 1, after=after)
+        shown = units[:limit]
+        following = shown[-1].unit_id if len(units) > limit else None
+    else:
+        # A status filter reads the next SCANNED units in order and keeps the matches, rather
+        # than asking the ledger for them: a status that only the last of half a million units
+        # have would make that read walk the whole run (no index orders a run's units by
+        # status, which would cost every reservation and finish a write to keep). Each view
+        # costs one bounded read; the page says how far it looked.
+        window = ledger.units(run_id, step_id=step, limit=SCANNED, after=after)
+        matched = [u for u in window if u.status == status]
+        scanned = len(window)
+        shown = matched[:limit]
+        if len(matched) > limit:
+            following = shown[-1].unit_id
+            scanned = window.index(shown[-1]) + 1
+        else:
+            following = window[-1].unit_id if len(window) == SCANNED else None
+    rows = []
+    for u in shown:
+        history = ledger.attempts(run_id, u.unit_id)
+        rows.append(
+            {
+                "unit_id": u.unit_id,
+                "step_id": u.step_id,
+                "phase": u.phase,
+                "status": u.status,
+                "attempts": u.attempts,
+                "result": None if u.result is None else clip(u.result),
+                "tokens": u.tokens,
+                "failure_reason": u.failure_reason,
+                "claim_holder": u.claim_holder,
+                "history": [attempt_record(a) for a in history[-ATTEMPTS_SHOWN:]],
+            }
+        )
+    return {"units": rows, "next": following, "limit": limit, "scanned": scanned}
+
+
+def leases_page(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
+    """The leases that have an owner now, by state (live, expiring, expired), the expired ones
+    that still block a run that is not finished, and a page of the most recently updated runs'
+    leases (``after``: the last run id of the page before) with their generations and the
+    fence's counts."""
+    limit = _limit(query)
+    # Costs what the live owners do, however long the ledger's history (see Ledger.leases).
+    owned = [lease_record(le, now_ms) for le in ledger.leases(owned_only=True)]
+    states = {"live": 0, "expiring": 0, "expired": 0}
+    for record in owned:
+        states[record["state"]] += 1
+    blocking = ledger.expired_leases()
+    after_id = one(query, "after")
+    after = None
+    if after_id:
+        after = ledger.get_run(after_id)
+        if after is None:
+            raise ApiError(404, f"run {after_id!r} (the page cursor) no longer exists")
+    runs = ledger.list_runs(include_children=True, limit=limit + 1, after=after)
+    shown = runs[:limit]
+    recent = []
+    for run in shown:
+        record = lease_record(ledger.lease(run.run_id), now_ms)
+        record["run_status"] = run.status
+        record["workflow_ref"] = run.workflow_ref
+        recent.append(record)
+    return {
+        "now": iso(fp.models.from_ms(now_ms)),
+        "counts": {**states, "owned": len(owned), "blocking": len(blocking)},
+        "owned": owned[:LEASES_SHOWN],
+        "blocking": [lease_record(le, now_ms) for le in blocking[:LEASES_SHOWN]],
+        "recent": recent,
+        "next": shown[-1].run_id if len(runs) > limit else None,
+        "limit": limit,
+    }
+
+
+def head_seq(ledger: fp.Ledger, hint: int = 0) -> int:
+    """The newest event's ``seq`` (0 for an empty log), found with indexed probes of one event
+    each: a page from ``hint`` (a seq known to exist or 0), then doubling steps and a binary
+    search, so the cost is logarithmic in the distance from the hint."""
+    page = ledger.events(after_seq=hint, limit=1000)
+    if len(page) < 1000:
+        return page[-1].seq if page else hint
+    low, step = page[-1].seq, 1000
+    while True:
+        probe = ledger.events(after_seq=low + step, limit=1)
+        if not probe:
+            high = low + step
+            break
+        low, step = probe[0].seq, step * 2
+    # An event at low; none after high.
+    while low < high:
+        mid = (low + high + 1) // 2
+        probe = ledger.events(after_seq=mid - 1, limit=1)
+        if probe:
+            low = probe[0].seq
+        else:
+            high = mid - 1
+    return low
+
+
+def events_page(ledger: fp.Ledger, query: Query, head_hint: int = 0) -> dict[str, Any]:
+    """Events in commit order after ``after`` (a seq), optionally of one run; without
+    ``after``, the last ``limit`` or so of the whole log (from the newest ``seq`` back: seqs
+    are dense but may have gaps, so the page can be shorter), or for one run nothing yet (the
+    page follows the stream from the head: a run's backlog from an arbitrary point would walk
+    its whole history)."""
+    limit = _limit(query)
+    run_id = one(query, "run") or None
+    after_text = one(query, "after")
+    head = head_seq(ledger, head_hint)
+    if after_text is None or after_text == "":
+        if run_id is not None:
+            return {"events": [], "after": head, "head": head}
+        after = max(0, head - limit)
+    else:
+        after = _int(query, "after", 0, 0, 2**62)
+        if run_id is not None and not _is_event_of(ledger, after, run_id):
+            # The run's index is entered at one of its own events (or its start); from any
+            # other seq it walks the run's history, so read the log and keep the run's.
+            page = ledger.events(after_seq=after, limit=limit)
+            return {
+                "events": [event_record(e) for e in page if e.resource_id == run_id],
+                "after": page[-1].seq if page else after,
+                "head": max(head, page[-1].seq if page else 0),
+            }
+    events = ledger.events(run_id, after_seq=after, limit=limit)
+    return {
+        "events": [event_record(e) for e in events],
+        "after": events[-1].seq if events else after,
+        "head": max(head, events[-1].seq if events else 0),
+    }
+
+
+def _is_event_of(ledger: fp.Ledger, seq: int, run_id: str) -> bool:
+    """Whether ``seq`` is 0 or one of ``run_id``'s events (one primary-key probe)."""
+    if seq == 0:
+        return True
+    found = ledger.events(after_seq=seq - 1, limit=1)
+    return bool(found) and found[0].seq == seq and found[0].resource_id == run_id
+
+
+class EventFeed:
+    """The events a stream sends, waiting for them (``Ledger.wait_events``), optionally of one
+    run. A run's events are read by its own index once the cursor is one of its events (its
+    start, or an event of it a client resumes after); until then the whole log is read from
+    the cursor and filtered, which costs what the log's new events do, where the run's index
+    entered anywhere else would walk the run's whole history on every wake-up."""
+
+    def __init__(self, ledger: fp.Ledger, run_id: str | None, after: int) -> None:
+        self.ledger = ledger
+        self.run_id = run_id
+        self.after = after
+        self.by_run = run_id is not None and _is_event_of(ledger, after, run_id)
+
+    def wait(self, timeout_s: float, limit: int = 200) -> list[fp.Event]:
+        if self.run_id is None or self.by_run:
+            events = self.ledger.wait_events(
+                self.run_id, after_seq=self.after, timeout_s=timeout_s, limit=limit
+            )
+            if events:
+                self.after = events[-1].seq
+            return events
+        page = self.ledger.wait_events(after_seq=self.after, timeout_s=timeout_s, limit=limit)
+        mine = [e for e in page if e.resource_id == self.run_id]
+        if mine:
+            self.after, self.by_run = mine[-1].seq, True
+        elif page:
+            self.after = page[-1].seq
+        return mine
+
+
+class Throughput:
+    """Events per minute over the last hour, counted without reading the hour's events.
+
+    ``seq`` is a dense global cursor and ``ts`` grows with it, so the events of a minute are
+    about the ``seq`` range between the first event at or after its start and the first one
+    at or after its end. Each boundary is found by probes of one event (``events(after_seq=,
+    limit=1)``, a primary-key seek), interpolating on ``ts`` and falling back to halving, to
+    within ``precision`` of the hour's average minute (a batch of writes shares one ``ts``, so
+    the last halvings, which would only place a boundary inside such a batch, are saved): an
+    hour of millions of events costs a few hundred probes. When the hour holds at most
+    ``exact_max`` events, they are read and counted exactly instead. Boundaries of minutes that
+    ended a while ago do not move, so they are kept between calls (the newest seq too), and a
+    refresh costs the probes of the minutes that are new."""
+
+    def __init__(self, exact_max: int = 5_000, precision: float = 0.002) -> None:
+        self.exact_max = exact_max
+        self.precision = precision
+        self._lock = threading.Lock()
+        self._bounds: dict[int, int] = {}
+        self.head = 0
+        self.probes = 0
+
+    def __call__(self, ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
+        minutes = _int(query, "minutes", 60, 5, 180)
+        with self._lock:
+            return self._count(ledger, minutes, now_ms)
+
+    def _count(self, ledger: fp.Ledger, minutes: int, now_ms: int) -> dict[str, Any]:
+        self.probes = 0
+        head = head_seq(ledger, self.head)
+        self.head = head
+        current = now_ms // MINUTE_MS * MINUTE_MS
+        starts = [current - (minutes - 1 - i) * MINUTE_MS for i in range(minutes)]
+        known: list[tuple[int, float]] = []  # (position, ts of the first event at or after it)
+
+        def probe(position: int) -> tuple[int, int]:
+            self.probes += 1
+            found = ledger.events(after_seq=position - 1, limit=1)
+            if not found:  # pruned meanwhile: nothing from here to the head
+                return head + 1, 2**62
+            seq, ts = found[0].seq, fp.models.to_ms(found[0].ts)
+            for point in ((position, ts), (seq, ts)):
+                at = bisect.bisect_left(known, point)
+                if at == len(known) or known[at] != point:
+                    known.insert(at, point)
+            return seq, ts
+
+        def lower_bound(t: int, within: int = 1) -> int:
+            """The first position whose event's ts is at or after ``t`` (head + 1: none), or
+            one at most ``within`` after it."""
+            cached = self._bounds.get(t)
+            if cached is not None and cached <= head + 1:
+                return cached
+            low, low_ts, high, high_ts = 0, -math.inf, head + 1, math.inf
+            for position, ts in known:  # the tightest bracket the probes so far give
+                if ts < t:
+                    low, low_ts = position, ts
+                elif position < high:
+                    high, high_ts = position, ts
+                    break
+            interpolate = True
+            while high - low > within:
+                width = high - low
+                if interpolate and math.isfinite(low_ts) and math.isfinite(high_ts):
+                    span = high_ts - low_ts
+                    guess = low + int((t - low_ts) * width / span) if span > 0 else low + 1
+                    position = min(max(guess, low + 1), high - 1)
+                else:
+                    position = (low + high) // 2
+                seq, ts = probe(position)
+                if ts >= t:
+                    high, high_ts = position, ts
+                else:
+                    low, low_ts = seq, ts
+                # Interpolation while it more than halves the bracket, halving otherwise.
+                interpolate = (high - low) * 2 <= width
+            if t + MINUTE_MS < now_ms - 10_000:
+                self._bounds[t] = high
+            return high
+
+        first = lower_bound(starts[0]) if head else 1
+        exact = head + 1 - first <= self.exact_max
+        counts = [0] * minutes
+        if not head:
+            pass
+        elif exact:
+            after = first - 1
+            while True:
+                page = ledger.events(after_seq=after, limit=1000)
+                for e in page:
+                    at = (fp.models.to_ms(e.ts) - starts[0]) // MINUTE_MS
+                    if 0 <= at < minutes:
+                        counts[at] += 1
+                if len(page) < 1000:
+                    break
+                after = page[-1].seq
+        else:
+            within = max(1, int((head + 1 - first) / minutes * self.precision))
+            bounds = [first, *(lower_bound(t, within) for t in starts[1:]), head + 1]
+            counts = [max(0, bounds[i + 1] - bounds[i]) for i in range(minutes)]
+        # Forget boundaries that fell out of every window asked for.
+        oldest = current - 180 * MINUTE_MS
+        for t in [t for t in self._bounds if t < oldest]:
+            del self._bounds[t]
+        return {
+            "now": iso(fp.models.from_ms(now_ms)),
+            "minutes": [
+                {"start": iso(fp.models.from_ms(t)), "count": c}
+                for t, c in zip(starts, counts, strict=True)
+            ],
+            "total": sum(counts),
+            "exact": exact,
+            "head": head,
+            "probes": self.probes,
+        }
+
+
+def doctor(
+    ledger: fp.Ledger, *, checks: Callable[[], _doctor.Checkup] | None = None
+) -> dict[str, Any]:
+    """``fencepost doctor``'s findings: settings and expired leases always (index reads); the
+    integrity check and the orphan scan, which read the whole database, only through
+    ``checks`` (the page asks for them with a button)."""
+    found = _doctor.gather(ledger, checks=False) if checks is None else checks()
+    report = found.report()
+    expired = report["expired_leases_on_active_runs"]
+    report["expired_leases_on_active_runs"] = expired[:LEASES_SHOWN]
+    report["expired_leases_total"] = len(expired)
+    report["checked"] = found.checked
+    return report
+
+
+def now_ms_of(clock: Callable[[], int] | None) -> int:
+    """Epoch milliseconds from ``clock``, else the system's."""
+    if clock is not None:
+        return clock()
+    return fp.models.to_ms(dt.datetime.now(dt.UTC))

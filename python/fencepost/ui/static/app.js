@@ -1,0 +1,933 @@
+// The fencepost dashboard: a read-only view over the JSON API of `fencepost ui`.
+//
+// Everything shown comes from the ledger and is user data (ids, workflow refs, scope keys,
+// JSON documents), so the DOM is built with createElement and textContent only: no string of
+// the API's ever reaches innerHTML, an attribute handler or a URL other than our own `#/`
+// routes (which are built with encodeURIComponent). The server's Content-Security-Policy
+// allows this file and the stylesheet only, as a second fence.
+"use strict";
+
+(function () {
+  const main = document.getElementById("main");
+  const errorBox = document.getElementById("error");
+  let meta = null;
+  // What the current page must stop when another one is shown (streams, timers).
+  let teardown = [];
+  // Bumped on every navigation, so a slow answer for a page that is gone is dropped.
+  let generation = 0;
+
+  // ---------------------------------------------------------------- DOM helpers
+
+  function h(tag, props, ...kids) {
+    const el = document.createElement(tag);
+    setProps(el, props);
+    add(el, kids);
+    return el;
+  }
+
+  function svg(tag, attrs, ...kids) {
+    const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "class") el.setAttribute("class", v);
+      else el.setAttribute(k, String(v));
+    }
+    add(el, kids);
+    return el;
+  }
+
+  function setProps(el, props) {
+    for (const [k, v] of Object.entries(props || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") el.className = v;
+      else if (k === "text") el.textContent = String(v);
+      else if (k === "data") Object.assign(el.dataset, v);
+      else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+      else if (k === "value") el.value = v;
+      else if (k === "checked") el.checked = !!v;
+      else el.setAttribute(k, v === true ? "" : String(v));
+    }
+  }
+
+  function add(el, kids) {
+    for (const kid of kids.flat(Infinity)) {
+      if (kid === null || kid === undefined || kid === false) continue;
+      el.appendChild(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+    }
+  }
+
+  function clear(el) {
+    while (el.firstChild) el.removeChild(el.firstChild);
+  }
+
+  // A link to one of our own pages: the hash is built here, the data only encoded into it.
+  function route(page, params) {
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(params || {})) {
+      if (Array.isArray(v)) v.forEach((x) => q.append(k, x));
+      else if (v !== null && v !== undefined && v !== "" && v !== false) q.set(k, String(v));
+    }
+    const s = q.toString();
+    return "#/" + page + (s ? "?" + s : "");
+  }
+
+  function runLink(runId, text) {
+    return h("a", { class: "id", href: route("run", { id: runId }), title: runId }, text || runId);
+  }
+
+  function pill(status, extra) {
+    return h("span", { class: "pill s-" + String(status).replace(/[^a-z_]/g, "") }, status, extra);
+  }
+
+  const pad = (n, w) => String(n).padStart(w || 2, "0");
+
+  // Local time as 2026-12-05 17:41:22 (the exact UTC time in the tooltip).
+  function stamp(iso) {
+    const d = new Date(iso);
+    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " + clock(iso);
+  }
+
+  function clock(iso, ms) {
+    const d = new Date(iso);
+    const hms = pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+    return ms ? hms + "." + pad(d.getMilliseconds(), 3) : hms;
+  }
+
+  function time(iso) {
+    if (!iso) return h("span", { class: "muted" }, "–");
+    return h("time", { datetime: iso, title: iso }, stamp(iso));
+  }
+
+  function ago(iso, nowMs) {
+    if (!iso) return h("span", { class: "muted" }, "–");
+    const ms = new Date(iso).getTime() - (nowMs || Date.now());
+    return h("time", { datetime: iso, title: iso }, relative(ms));
+  }
+
+  function relative(ms) {
+    const s = Math.round(Math.abs(ms) / 1000);
+    let text;
+    if (s < 60) text = s + " s";
+    else if (s < 3600) text = Math.round(s / 60) + " min";
+    else if (s < 86400) text = (s / 3600).toFixed(1) + " h";
+    else text = (s / 86400).toFixed(1) + " d";
+    return ms >= 0 ? "in " + text : text + " ago";
+  }
+
+  function num(n) {
+    return n === null || n === undefined ? "–" : Number(n).toLocaleString("en-US");
+  }
+
+  function dash(v) {
+    return v === null || v === undefined || v === "" ? h("span", { class: "muted" }, "–") : v;
+  }
+
+  function table(headers, rows, opts) {
+    const o = opts || {};
+    return h(
+      "div",
+      { class: "table-wrap" },
+      h(
+        "table",
+        { class: o.class || "" },
+        h("thead", null, h("tr", null, headers.map((x) => h("th", null, x)))),
+        h(
+          "tbody",
+          null,
+          rows.length
+            ? rows
+            : h("tr", null, h("td", { class: "empty", colspan: headers.length }, o.empty || "Nothing here."))
+        )
+      )
+    );
+  }
+
+  function card(label, value, opts) {
+    const o = opts || {};
+    return h(
+      "div",
+      { class: "card" + (o.alert ? " alert" : "") + (o.warn ? " warn" : ""), data: o.data },
+      h("div", { class: "card-value" }, value),
+      h("div", { class: "card-label" }, label),
+      o.note ? h("div", { class: "card-note" }, o.note) : null
+    );
+  }
+
+  function section(title, ...kids) {
+    return h("section", { class: "panel" }, h("h2", null, title), kids);
+  }
+
+  function kv(pairs) {
+    return h(
+      "dl",
+      { class: "kv" },
+      pairs.map(([k, v]) => [h("dt", null, k), h("dd", null, dash(v))])
+    );
+  }
+
+  function jsonBlock(text) {
+    return h("pre", { class: "json" }, text === null || text === undefined ? "null" : text);
+  }
+
+  // ---------------------------------------------------------------- the API
+
+  async function api(path, params) {
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(params || {})) {
+      if (Array.isArray(v)) v.forEach((x) => q.append(k, x));
+      else if (v !== null && v !== undefined && v !== "") q.set(k, String(v));
+    }
+    const url = "/api/" + path + (q.toString() ? "?" + q.toString() : "");
+    let res;
+    try {
+      res = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    } catch (e) {
+      throw new Error("the dashboard server is not answering (" + e.message + ")");
+    }
+    let body = null;
+    try {
+      body = await res.json();
+    } catch (e) {
+      body = null;
+    }
+    if (!res.ok) {
+      throw new Error((body && body.error) || "HTTP " + res.status);
+    }
+    return body;
+  }
+
+  function showError(message) {
+    if (!message) {
+      errorBox.hidden = true;
+      errorBox.textContent = "";
+      return;
+    }
+    errorBox.textContent = message;
+    errorBox.hidden = false;
+  }
+
+  // ---------------------------------------------------------------- router
+
+  function parseHash() {
+    const raw = location.hash.replace(/^#\/?/, "");
+    const at = raw.indexOf("?");
+    const page = (at < 0 ? raw : raw.slice(0, at)) || "runs";
+    const params = new URLSearchParams(at < 0 ? "" : raw.slice(at + 1));
+    return { page, params };
+  }
+
+  const pages = {};
+
+  async function render() {
+    for (const stop of teardown) stop();
+    teardown = [];
+    const mine = ++generation;
+    const { page, params } = parseHash();
+    for (const a of document.querySelectorAll("#nav a")) {
+      const current = a.dataset.page === page || (page === "run" && a.dataset.page === "runs");
+      a.classList.toggle("current", current);
+    }
+    showError("");
+    const draw = pages[page] || pages.runs;
+    const view = h("div", { class: "page page-" + page });
+    clear(main);
+    main.appendChild(view);
+    main.dataset.page = page;
+    main.dataset.ready = "false";
+    try {
+      await draw(view, params, () => mine === generation);
+    } catch (e) {
+      if (mine === generation) showError(e.message);
+    }
+    if (mine === generation) main.dataset.ready = "true";
+  }
+
+  function go(page, params) {
+    const next = route(page, params);
+    if (location.hash === next) render();
+    else location.hash = next;
+  }
+
+  // ---------------------------------------------------------------- runs
+
+  pages.runs = async function (view, params, live) {
+    const statuses = params.getAll("status");
+    const scope = params.get("scope") || "";
+    const workflow = params.get("workflow") || "";
+    const children = params.get("children") === "1";
+    const limit = params.get("limit") || "50";
+    const after = params.get("after") || "";
+
+    const statusSel = h(
+      "select",
+      { name: "status", "aria-label": "status" },
+      h("option", { value: "" }, "any status"),
+      meta.run_statuses.map((s) => h("option", { value: s }, s))
+    );
+    statusSel.value = statuses[0] || "";
+    const scopeIn = h("input", { name: "scope", placeholder: "scope key", value: scope });
+    const wfIn = h("input", { name: "workflow", placeholder: "workflow ref", value: workflow });
+    const childIn = h("input", { type: "checkbox", name: "children", checked: children });
+    const limitSel = h(
+      "select",
+      { name: "limit", "aria-label": "page size" },
+      ["25", "50", "100", "200"].map((n) => h("option", { value: n }, n + " per page"))
+    );
+    limitSel.value = limit;
+    const apply = (e) => {
+      if (e) e.preventDefault();
+      go("runs", {
+        status: statusSel.value || null,
+        scope: scopeIn.value.trim(),
+        workflow: wfIn.value.trim(),
+        children: childIn.checked ? "1" : null,
+        limit: limitSel.value === "50" ? null : limitSel.value,
+      });
+    };
+    statusSel.addEventListener("change", apply);
+    limitSel.addEventListener("change", apply);
+    childIn.addEventListener("change", apply);
+    const form = h(
+      "form",
+      { class: "filters", onsubmit: apply },
+      statusSel,
+      scopeIn,
+      wfIn,
+      h("label", { class: "check" }, childIn, " child runs"),
+      limitSel,
+      h("button", { type: "submit" }, "Filter"),
+      statuses.length || scope || workflow || children
+        ? h("a", { href: route("runs"), class: "reset" }, "clear filters")
+        : null
+    );
+    view.appendChild(h("div", { class: "head" }, h("h1", null, "Runs"), form));
+
+    const data = await api("runs", { status: statuses, scope, workflow, children: children ? "1" : "", limit, after });
+    if (!live()) return;
+    const rows = data.runs.map((r) =>
+      h(
+        "tr",
+        { data: { run: r.run_id } },
+        h("td", { class: "nowrap" }, runLink(r.run_id)),
+        h("td", null, pill(r.status)),
+        h("td", { class: "wf" }, r.workflow_ref),
+        h("td", null, dash(r.scope_key)),
+        h("td", null, dash(r.current_step_id)),
+        h("td", { class: "n" }, num(r.revision)),
+        h("td", null, ago(r.updated_at)),
+        h("td", null, r.parent_run_id ? runLink(r.parent_run_id, "parent") : dash(null))
+      )
+    );
+    view.appendChild(
+      h(
+        "section",
+        { class: "panel flush" },
+        table(["Run", "Status", "Workflow", "Scope", "Step", "Rev", "Updated", ""], rows, {
+          class: "runs",
+          empty: "No runs match.",
+        })
+      )
+    );
+    const base = { status: statuses, scope, workflow, children: children ? "1" : null, limit: limit === "50" ? null : limit };
+    view.appendChild(
+      h(
+        "div",
+        { class: "pager" },
+        after ? h("a", { href: route("runs", base), class: "button" }, "« First page") : null,
+        after ? h("a", { href: "#", class: "button", onclick: (e) => { e.preventDefault(); history.back(); } }, "‹ Back") : null,
+        h("span", { class: "muted" }, data.runs.length + " runs" + (after ? " (after " + after + ")" : "")),
+        data.next ? h("a", { href: route("runs", { ...base, after: data.next }), class: "button", rel: "next" }, "Next page ›") : null
+      )
+    );
+  };
+
+  // ---------------------------------------------------------------- one run
+
+  pages.run = async function (view, params, live) {
+    const runId = params.get("id") || "";
+    const unitQuery = {
+      run: runId,
+      step: params.get("step") || "",
+      status: params.get("ustatus") || "",
+      after: params.get("uafter") || "",
+      limit: 50,
+    };
+    // The run and a page of its units at once: the server reads them side by side.
+    const units = api("units", unitQuery);
+    units.catch(() => null);
+    const data = await api("run", { id: runId });
+    if (!live()) return;
+    const run = data.run;
+    const lease = data.lease;
+
+    view.appendChild(
+      h(
+        "div",
+        { class: "head" },
+        h("h1", null, h("span", { class: "crumb" }, h("a", { href: route("runs") }, "Runs"), " / "), h("span", { class: "id", id: "run-id" }, run.run_id)),
+        h("div", { class: "sub" }, pill(run.status), " ", h("span", { class: "wf" }, run.workflow_ref), run.scope_key ? [" in scope ", h("span", { class: "id" }, run.scope_key)] : null)
+      )
+    );
+
+    // The fence, first: who holds the run, and what the fence has done on it.
+    const fencing = h(
+      "section",
+      { class: "panel fencing", id: "fencing" },
+      h("h2", null, "Lease and fencing"),
+      h(
+        "div",
+        { class: "cards" },
+        card("lease generation", num(lease.generation), { data: { k: "generation" } }),
+        card("owner", lease.owner_id ? h("span", { class: "id" }, lease.owner_id) : "none", {
+          note: lease.owner_id ? [pill(lease.state), " ", lease.remaining_ms === null ? "" : relative(lease.remaining_ms)] : lease.generation ? "released" : "never claimed",
+        }),
+        card("takeovers", num(lease.takeovers), {
+          alert: lease.takeovers > 0,
+          note: "claims that took the lease after another owner's expired",
+          data: { k: "takeovers" },
+        }),
+        card("refused stale writes", num(lease.refused_writes), {
+          alert: lease.refused_writes > 0,
+          note: "fenced writes refused: their claim no longer held the lease",
+          data: { k: "refused_writes" },
+        })
+      )
+    );
+    view.appendChild(fencing);
+
+    // Steps as a timeline.
+    const steps = h(
+      "ol",
+      { class: "timeline" },
+      data.steps.map((s) =>
+        h(
+          "li",
+          { class: "step s-" + s.status + (s.step_id === run.current_step_id ? " current" : "") },
+          h("div", { class: "dot" }),
+          h("div", { class: "step-title" }, s.title || s.step_id),
+          h("div", { class: "step-meta" }, h("span", { class: "id" }, s.step_id), " · ", s.status),
+          s.completed_at ? h("div", { class: "step-meta" }, time(s.completed_at)) : null,
+          s.summary ? h("div", { class: "step-note" }, s.summary) : null,
+          s.notes ? h("div", { class: "step-note" }, s.notes) : null
+        )
+      )
+    );
+    view.appendChild(section("Steps", data.steps.length ? steps : h("p", { class: "muted" }, "No steps.")));
+
+    // Units by status, accounting: each an aggregate over the whole run. Read at once for a
+    // run of ordinary size; a very large run's are read when asked for, so opening its page
+    // never starts a read that grows with the run.
+    const unitsPanel = section("Units", h("p", { class: "muted" }, "Counting…"));
+    const accPanel = section("Accounting", h("p", { class: "muted" }, "Adding up…"));
+    view.appendChild(h("div", { class: "grid2" }, unitsPanel, accPanel));
+    const fill = (panel, kids) => {
+      while (panel.childNodes.length > 1) panel.removeChild(panel.lastChild);
+      add(panel, [kids]);
+    };
+    const loadCounts = () =>
+      api("run/totals", { run: run.run_id, part: "units" }).then(
+        (counts) => {
+          const total = counts.total;
+          const bar = h("div", { class: "stack" });
+          const legend = h("div", { class: "legend" });
+          for (const [status, n] of Object.entries(counts.by_status)) {
+            if (!n) continue;
+            const seg = h("div", { class: "seg s-" + status, title: status + ": " + n });
+            seg.style.width = (100 * n) / Math.max(total, 1) + "%";
+            bar.appendChild(seg);
+            legend.appendChild(h("span", null, pill(status), " ", num(n)));
+          }
+          fill(unitsPanel, [
+            h("div", { class: "big", id: "unit-total" }, num(total), h("span", { class: "muted" }, " units")),
+            total ? [bar, legend] : h("p", { class: "muted" }, "No units yet."),
+          ]);
+        },
+        (e) => fill(unitsPanel, h("p", { class: "fail" }, e.message))
+      );
+    const loadAccounting = () =>
+      api("run/totals", { run: run.run_id, part: "accounting" }).then(
+        (acc) =>
+          fill(
+            accPanel,
+            h(
+              "div",
+              { class: "cards small" },
+              card("attempts", num(acc.total_attempts), { data: { k: "attempts" } }),
+              card("tokens", num(acc.total_tokens)),
+              card("dispatch attempts", num(acc.dispatch_attempts), { note: num(acc.dispatch_tokens) + " tokens" }),
+              card("gate attempts", num(acc.gate_attempts), { note: num(acc.gate_tokens) + " tokens" })
+            )
+          ),
+        (e) => fill(accPanel, h("p", { class: "fail" }, e.message))
+      );
+    const onDemand = (panel, what, load) => {
+      const button = h("button", { type: "button", class: "totals-button" }, what);
+      button.addEventListener("click", () => {
+        fill(panel, h("p", { class: "muted" }, "Reading…"));
+        load();
+      });
+      fill(panel, [
+        h("p", { class: "muted" }, "A large run (" + num(run.revision) + " events): this reads every one of its units or attempts, so it runs when asked."),
+        button,
+      ]);
+    };
+    let totalsDone = Promise.resolve();
+    if (run.revision <= meta.totals_auto_max_revision) {
+      totalsDone = Promise.all([loadCounts(), loadAccounting()]);
+    } else {
+      onDemand(unitsPanel, "Count the units", loadCounts);
+      onDemand(accPanel, "Add up attempts and tokens", loadAccounting);
+    }
+
+    view.appendChild(
+      section(
+        "Run",
+        kv([
+          ["run id", h("span", { class: "id" }, run.run_id)],
+          ["workflow", h("span", null, h("span", { class: "wf" }, run.workflow_ref), " (", run.workflow_name, ")")],
+          ["scope", run.scope_key],
+          ["current step", run.current_step_id],
+          ["parent", data.parent ? [runLink(data.parent.run_id), " ", pill(data.parent.status)] : null],
+          ["parent unit", run.parent_unit_id],
+          ["invocation key", run.invocation_key],
+          ["session", run.origin_session_id],
+          ["revision", num(run.revision)],
+          ["created", time(run.created_at)],
+          ["updated", time(run.updated_at)],
+          ["completed", run.completed_at ? time(run.completed_at) : null],
+          ["lease expires", lease.expires_at ? time(lease.expires_at) : null],
+          ["last heartbeat", lease.heartbeat_at ? time(lease.heartbeat_at) : null],
+        ]),
+        h("div", { class: "grid2" }, h("div", null, h("h3", null, "params"), jsonBlock(run.params)), h("div", null, h("h3", null, "outputs"), jsonBlock(run.outputs)))
+      )
+    );
+
+    if (data.children_total) {
+      view.appendChild(
+        section(
+          "Child runs (" + num(data.children_total) + ")",
+          table(
+            ["Run", "Status", "Workflow", "Updated"],
+            data.children.map((c) => h("tr", null, h("td", null, runLink(c.run_id)), h("td", null, pill(c.status)), h("td", { class: "wf" }, c.workflow_ref), h("td", null, ago(c.updated_at)))),
+            {}
+          ),
+          data.children_total > data.children.length ? h("p", { class: "muted" }, "Showing the first " + data.children.length + ".") : null
+        )
+      );
+    }
+
+    view.appendChild(h("div", { class: "tail-link" }, h("a", { class: "button", href: route("tail", { run: run.run_id }) }, "Follow this run's events live ›")));
+
+    // Units, paged, each with its attempts.
+    const unitsBox = h("section", { class: "panel", id: "units" });
+    view.appendChild(unitsBox);
+    await drawUnits(unitsBox, run, data.steps, params, live, units);
+    await totalsDone;
+  };
+
+  async function drawUnits(box, run, steps, params, live, pending) {
+    const step = params.get("step") || "";
+    const status = params.get("ustatus") || "";
+    const after = params.get("uafter") || "";
+    const stepSel = h("select", { "aria-label": "step" }, h("option", { value: "" }, "every step"), steps.map((s) => h("option", { value: s.step_id }, s.step_id)));
+    stepSel.value = step;
+    const statusSel = h("select", { "aria-label": "unit status" }, h("option", { value: "" }, "any status"), meta.unit_statuses.map((s) => h("option", { value: s }, s)));
+    statusSel.value = status;
+    const base = { id: run.run_id };
+    const change = () => go("run", { ...base, step: stepSel.value, ustatus: statusSel.value });
+    stepSel.addEventListener("change", change);
+    statusSel.addEventListener("change", change);
+    const expandAll = h("button", { type: "button", id: "expand-all" }, "Show all attempts");
+    box.appendChild(h("div", { class: "panel-head" }, h("h2", null, "Units and attempts"), h("div", { class: "filters" }, stepSel, statusSel, expandAll)));
+
+    const data = await pending;
+    if (!live()) return;
+    const body = [];
+    const detailRows = [];
+    for (const u of data.units) {
+      const reclaims = u.history.reduce((n, a) => n + a.reclaims, 0);
+      const generations = [...new Set(u.history.map((a) => a.lease_generation).filter((g) => g !== null))];
+      const detail = h(
+        "tr",
+        { class: "attempts-row", hidden: true },
+        h(
+          "td",
+          { colspan: 8 },
+          table(
+            ["#", "Dispatch id", "Status", "Holder", "Lease gen", "Reclaims", "Result / failure", "Tokens", "Started", "Took"],
+            u.history.map((a) =>
+              h(
+                "tr",
+                { class: "attempt" + (a.reclaims ? " reclaimed" : ""), data: { dispatch: a.dispatch_id } },
+                h("td", { class: "n" }, a.attempt),
+                h("td", { class: "id nowrap" }, a.dispatch_id),
+                h("td", null, pill(a.status)),
+                h("td", { class: "nowrap" }, dash(a.holder)),
+                h("td", { class: "n" }, dash(a.lease_generation)),
+                h("td", { class: "n" }, a.reclaims ? h("span", { class: "flag" }, "reclaimed ×" + a.reclaims) : "0"),
+                h("td", { class: "result" }, a.failure_reason ? h("span", { class: "fail" }, a.failure_reason) : dash(a.result)),
+                h("td", { class: "n" }, dash(a.tokens)),
+                h("td", { class: "nowrap" }, time(a.started_at)),
+                h("td", { class: "n" }, a.duration_ms === null ? dash(null) : num(a.duration_ms) + " ms")
+              )
+            ),
+            { class: "inner" }
+          ),
+          u.attempts > u.history.length ? h("p", { class: "muted" }, "The latest " + u.history.length + " of " + u.attempts + " attempts.") : null
+        )
+      );
+      detailRows.push(detail);
+      const toggle = h("button", { type: "button", class: "link", "aria-expanded": "false" }, "▸ " + u.attempts + (u.attempts === 1 ? " attempt" : " attempts"));
+      toggle.addEventListener("click", () => {
+        detail.hidden = !detail.hidden;
+        toggle.setAttribute("aria-expanded", String(!detail.hidden));
+        toggle.textContent = (detail.hidden ? "▸ " : "▾ ") + u.attempts + (u.attempts === 1 ? " attempt" : " attempts");
+      });
+      body.push(
+        h(
+          "tr",
+          { class: "unit", data: { unit: u.unit_id } },
+          h("td", { class: "id" }, u.unit_id),
+          h("td", null, dash(u.step_id)),
+          h("td", null, pill(u.status)),
+          h("td", null, toggle),
+          h("td", null, dash(u.claim_holder)),
+          h("td", null, reclaims ? h("span", { class: "flag", title: "reclaimed in place: same attempt, same dispatch id, a new lease generation" }, "reclaimed at gen " + generations.join(", ")) : generations.length ? "gen " + generations.join(", ") : dash(null)),
+          h("td", { class: "n" }, dash(u.tokens)),
+          h("td", { class: "result" }, u.failure_reason ? h("span", { class: "fail" }, u.failure_reason) : dash(u.result))
+        ),
+        detail
+      );
+    }
+    expandAll.addEventListener("click", () => {
+      const open = detailRows.some((r) => r.hidden);
+      detailRows.forEach((r) => (r.hidden = !open));
+      expandAll.textContent = open ? "Hide attempts" : "Show all attempts";
+    });
+    box.appendChild(table(["Unit", "Step", "Status", "Attempts", "Holder", "Lease", "Tokens", "Result / failure"], body, { class: "units", empty: "No units match." }));
+    box.appendChild(
+      h(
+        "div",
+        { class: "pager" },
+        after ? h("a", { class: "button", href: route("run", { ...base, step, ustatus: status }) }, "« First units") : null,
+        h("span", { class: "muted" }, data.units.length + " units" + (data.scanned !== null && data.scanned !== undefined ? " matching among " + num(data.scanned) + " looked through" : "") + (after ? " after " + after : "")),
+        data.next ? h("a", { class: "button", href: route("run", { ...base, step, ustatus: status, uafter: data.next }) }, "Next units ›") : null
+      )
+    );
+  }
+
+  // ---------------------------------------------------------------- leases
+
+  function leaseRow(le, extra) {
+    return h(
+      "tr",
+      { class: "lease", data: { run: le.run_id } },
+      h("td", null, runLink(le.run_id)),
+      extra || null,
+      h("td", null, le.owner_id ? pill(le.state) : h("span", { class: "muted" }, "free")),
+      h("td", { class: "n" }, num(le.generation)),
+      h("td", null, le.owner_id ? h("span", { class: "id" }, le.owner_id) : dash(null)),
+      h("td", null, le.remaining_ms === null ? dash(null) : h("span", { title: le.expires_at }, relative(le.remaining_ms))),
+      h("td", null, le.heartbeat_at ? ago(le.heartbeat_at) : dash(null)),
+      h("td", { class: "n" + (le.takeovers ? " hot" : "") }, num(le.takeovers)),
+      h("td", { class: "n" + (le.refused_writes ? " hot" : "") }, num(le.refused_writes))
+    );
+  }
+
+  const LEASE_HEAD = ["Run", "State", "Gen", "Owner", "Expires", "Heartbeat", "Takeovers", "Refused writes"];
+
+  pages.leases = async function (view, params, live) {
+    const after = params.get("after") || "";
+    view.appendChild(h("div", { class: "head" }, h("h1", null, "Leases"), h("div", { class: "sub muted" }, "Refreshes every 5 s. Expiring: past two thirds of its term since the last heartbeat.")));
+    const body = h("div");
+    view.appendChild(body);
+    const draw = async () => {
+      const data = await api("leases", { after, limit: 50 });
+      if (!live()) return;
+      const c = data.counts;
+      const fresh = h(
+        "div",
+        null,
+        h(
+          "div",
+          { class: "cards" },
+          card("live", num(c.live), { data: { k: "live" } }),
+          card("expiring", num(c.expiring), { warn: c.expiring > 0, data: { k: "expiring" } }),
+          card("expired", num(c.expired), { warn: c.expired > 0, data: { k: "expired" } }),
+          card("blocking unfinished runs", num(c.blocking), { alert: c.blocking > 0, note: "expired leases on runs not yet finished", data: { k: "blocking" } })
+        ),
+        section("Owned now", table(LEASE_HEAD, data.owned.map((le) => leaseRow(le)), { empty: "No lease has an owner now." }), c.owned > data.owned.length ? h("p", { class: "muted" }, "The first " + data.owned.length + " of " + num(c.owned) + ", soonest to expire first.") : null),
+        data.blocking.length ? section("Expired, blocking an unfinished run", table(LEASE_HEAD, data.blocking.map((le) => leaseRow(le)), {})) : null,
+        section(
+          "Recently updated runs",
+          table(
+            ["Run", "Run status", "State", "Gen", "Owner", "Expires", "Heartbeat", "Takeovers", "Refused writes"],
+            data.recent.map((le) => leaseRow(le, h("td", null, pill(le.run_status)))),
+            { class: "recent-leases" }
+          ),
+          h(
+            "div",
+            { class: "pager" },
+            after ? h("a", { class: "button", href: route("leases") }, "« First page") : null,
+            data.next ? h("a", { class: "button", href: route("leases", { after: data.next }) }, "Next page ›") : null
+          )
+        )
+      );
+      clear(body);
+      body.appendChild(fresh);
+    };
+    await draw();
+    const timer = setInterval(() => draw().catch((e) => live() && showError(e.message)), 5000);
+    teardown.push(() => clearInterval(timer));
+  };
+
+  // ---------------------------------------------------------------- live tail
+
+  pages.tail = async function (view, params, live) {
+    const runId = params.get("run") || "";
+    const status = h("span", { class: "conn", id: "conn" }, "connecting…");
+    const runIn = h("input", { placeholder: "only this run id", value: runId, "aria-label": "run id" });
+    const pause = h("button", { type: "button" }, "Pause");
+    let paused = false;
+    const held = [];
+    pause.addEventListener("click", () => {
+      paused = !paused;
+      pause.textContent = paused ? "Resume" : "Pause";
+      if (!paused) held.splice(0).forEach((e) => push(e, true));
+    });
+    view.appendChild(
+      h(
+        "div",
+        { class: "head" },
+        h("h1", null, "Live tail"),
+        h(
+          "form",
+          { class: "filters", onsubmit: (e) => { e.preventDefault(); go("tail", { run: runIn.value.trim() }); } },
+          runIn,
+          h("button", { type: "submit" }, "Follow"),
+          runId ? h("a", { class: "reset", href: route("tail") }, "every run") : null,
+          pause,
+          status
+        )
+      )
+    );
+    const rows = h("tbody", { id: "events" });
+    const box = h(
+      "div",
+      { class: "table-wrap scroll", id: "tail-box" },
+      h("table", { class: "events" }, h("thead", null, h("tr", null, ["Seq", "Time", "Run", "Type", "Actor", "Gen", "Payload"].map((x) => h("th", null, x)))), rows)
+    );
+    view.appendChild(h("section", { class: "panel flush" }, box));
+    const counter = h("p", { class: "muted" });
+    view.appendChild(counter);
+    let shown = 0;
+
+    function push(e, isNew) {
+      if (paused) {
+        held.push(e);
+        return;
+      }
+      const atBottom = box.scrollTop + box.clientHeight >= box.scrollHeight - 4;
+      const kind = e.type.split(".")[0];
+      const row = h(
+          "tr",
+          { class: "event" + (isNew ? " fresh" : ""), data: { seq: e.seq, type: e.type } },
+          h("td", { class: "n" }, e.seq),
+          h("td", { class: "nowrap" }, h("time", { datetime: e.ts, title: e.ts }, clock(e.ts, true))),
+          h("td", { class: "nowrap" }, runLink(e.run_id)),
+          h("td", null, h("span", { class: "etype t-" + kind.replace(/[^a-z]/g, "") }, e.type), e.taken_from ? [" ", h("span", { class: "flag", title: "a takeover: the previous owner's lease had expired" }, "taken from " + e.taken_from)] : null),
+          h("td", { class: "nowrap" }, e.actor_type ? e.actor_type + ":" + (e.actor_id || "") : dash(null)),
+          h("td", { class: "n" }, dash(e.generation)),
+          h("td", { class: "result", title: e.payload }, e.payload)
+        );
+      rows.appendChild(row);
+      while (rows.childElementCount > 500) rows.removeChild(rows.firstChild);
+      shown += 1;
+      counter.textContent = shown + " events received" + (runId ? " for this run" : "") + "; the newest 500 are kept.";
+      if (atBottom) box.scrollTop = box.scrollHeight;
+      if (isNew) setTimeout(() => row.classList.remove("fresh"), 2000);
+    }
+
+    const backlog = await api("events", { run: runId, limit: 50 });
+    if (!live()) return;
+    backlog.events.forEach((e) => push(e, false));
+    box.scrollTop = box.scrollHeight;
+    const q = new URLSearchParams({ after: String(backlog.after) });
+    if (runId) q.set("run", runId);
+    // EventSource resends Last-Event-ID on a reconnect, so the stream resumes where it broke.
+    const source = new EventSource("/api/stream?" + q.toString());
+    source.addEventListener("open", () => {
+      status.textContent = "live";
+      status.className = "conn on";
+    });
+    source.addEventListener("error", () => {
+      status.textContent = "reconnecting…";
+      status.className = "conn off";
+    });
+    source.addEventListener("ledger", (msg) => {
+      let e;
+      try {
+        e = JSON.parse(msg.data);
+      } catch (err) {
+        return;
+      }
+      push(e, true);
+    });
+    teardown.push(() => source.close());
+  };
+
+  // ---------------------------------------------------------------- throughput
+
+  pages.throughput = async function (view, params, live) {
+    view.appendChild(h("div", { class: "head" }, h("h1", null, "Throughput"), h("div", { class: "sub muted" }, "Events committed per minute over the last hour. Refreshes every 30 s.")));
+    const body = h("div");
+    view.appendChild(body);
+    const draw = async () => {
+      const data = await api("throughput", { minutes: 60 });
+      if (!live()) return;
+      const counts = data.minutes.map((m) => m.count);
+      const peak = Math.max(0, ...counts);
+      // The window: its full minutes and the part of the current one gone by.
+      const into = (new Date(data.now).getTime() - new Date(data.minutes[counts.length - 1].start).getTime()) / 1000;
+      const avg = data.total / ((counts.length - 1) * 60 + Math.max(into, 1));
+      const fresh = h(
+        "div",
+        null,
+        h(
+          "div",
+          { class: "cards" },
+          card("events in the last hour", num(data.total), { data: { k: "total" } }),
+          card("busiest minute", num(peak)),
+          card("events per second", avg >= 10 ? num(Math.round(avg)) : avg.toFixed(2), { note: "average over the hour" }),
+          card("newest seq", num(data.head))
+        ),
+        section("Events per minute", chart(data.minutes, peak), h("p", { class: "muted" }, data.exact ? "Counted exactly." : "Counted from seq positions: seq is a dense global cursor, so a minute's count is the seq distance between its first event and the next minute's, each found by a few index probes (gaps in seq, and a precision of 0.2% of an average minute, make it approximate)."))
+      );
+      clear(body);
+      body.appendChild(fresh);
+    };
+    await draw();
+    const timer = setInterval(() => draw().catch((e) => live() && showError(e.message)), 30000);
+    teardown.push(() => clearInterval(timer));
+  };
+
+  function niceMax(n) {
+    if (n <= 5) return 5;
+    const p = Math.pow(10, Math.floor(Math.log10(n)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= n) return m * p;
+    return 10 * p;
+  }
+
+  function chart(minutes, peak) {
+    const W = 1100;
+    const H = 300;
+    const left = 64;
+    const bottom = 28;
+    const top = 12;
+    const plotW = W - left - 12;
+    const plotH = H - bottom - top;
+    const max = niceMax(peak);
+    const g = svg("svg", { viewBox: "0 0 " + W + " " + H, class: "chart", role: "img", "aria-label": "events per minute" });
+    for (let i = 0; i <= 4; i++) {
+      const v = (max * i) / 4;
+      const y = top + plotH - (plotH * i) / 4;
+      g.appendChild(svg("line", { x1: left, x2: W - 12, y1: y, y2: y, class: i ? "grid" : "axis" }));
+      const label = svg("text", { x: left - 8, y: y + 4, class: "tick", "text-anchor": "end" });
+      label.textContent = num(v);
+      g.appendChild(label);
+    }
+    const step = plotW / minutes.length;
+    minutes.forEach((m, i) => {
+      const bh = max ? (plotH * m.count) / max : 0;
+      const x = left + i * step + 1;
+      const rect = svg("rect", { x, y: top + plotH - bh, width: Math.max(1, step - 2), height: Math.max(bh, m.count ? 1 : 0), class: i === minutes.length - 1 ? "bar now" : "bar", "data-count": m.count, "data-start": m.start });
+      const tip = svg("title");
+      tip.textContent = new Date(m.start).toLocaleTimeString() + ": " + num(m.count) + " events" + (i === minutes.length - 1 ? " (this minute so far)" : "");
+      rect.appendChild(tip);
+      g.appendChild(rect);
+      const ago = minutes.length - 1 - i;
+      if (ago % 10 === 0) {
+        const t = svg("text", { x: x + step / 2, y: H - 8, class: "tick", "text-anchor": "middle" });
+        t.textContent = ago ? "-" + ago + " min" : "now";
+        g.appendChild(t);
+      }
+    });
+    return h("div", { class: "chart-wrap" }, g);
+  }
+
+  // ---------------------------------------------------------------- doctor
+
+  pages.doctor = async function (view, params, live) {
+    const checks = params.get("checks") === "1";
+    view.appendChild(h("div", { class: "head" }, h("h1", null, "Doctor"), h("div", { class: "sub muted" }, "What ", h("code", null, "fencepost doctor"), " reports.")));
+    const data = await api("doctor", { checks: checks ? "1" : "" });
+    if (!live()) return;
+    const p = data.pragmas;
+    const verdict = data.healthy === null ? null : data.healthy ? h("span", { class: "pill s-completed", id: "verdict" }, "healthy") : h("span", { class: "pill s-failed", id: "verdict" }, "NOT healthy");
+    view.appendChild(
+      h(
+        "div",
+        { class: "grid2" },
+        section(
+          "Database",
+          kv([
+            ["database", h("span", { class: "id" }, data.database)],
+            ["schema", data.schema_version + " (library " + data.library_schema_version + ")"],
+            ["journal_mode", p.journal_mode],
+            ["synchronous", String(p.synchronous)],
+            ["busy_timeout", p.busy_timeout + " ms"],
+            ["foreign_keys", p.foreign_keys ? "on" : "off"],
+            // As `fencepost doctor`: TLS is PostgreSQL's alone.
+            ...(p.tls === null || p.tls === undefined ? [] : [["tls", String(p.tls)]]),
+          ])
+        ),
+        section(
+          "Checks",
+          data.checked
+            ? [
+                kv([
+                  ["verdict", verdict],
+                  ["integrity", (data.integrity_check || []).join("; ") + " (" + data.integrity_check_mode + " check)"],
+                  ["orphan attempts", num(data.orphan_attempts.length)],
+                  ["expired leases on active runs", num(data.expired_leases_total)],
+                ]),
+                data.orphan_attempts.length
+                  ? table(["Run", "Unit", "Attempt", "Dispatch id"], data.orphan_attempts.map((o) => h("tr", null, h("td", null, runLink(o.run_id)), h("td", { class: "id" }, o.unit_id), h("td", { class: "n" }, o.attempt), h("td", { class: "id" }, o.dispatch_id))), {})
+                  : null,
+              ]
+            : [
+                kv([["expired leases on active runs", num(data.expired_leases_total)]]),
+                h("p", { class: "muted" }, "The integrity check and the orphan-attempt scan read the whole database: seconds on a large ledger, so they run when asked."),
+                h("a", { class: "button primary", id: "run-checks", href: route("doctor", { checks: "1" }) }, "Run the checks"),
+              ]
+        )
+      )
+    );
+    view.appendChild(
+      section(
+        "Expired leases on active runs",
+        table(
+          ["Run", "Owner", "Gen", "Expired"],
+          data.expired_leases_on_active_runs.map((le) => h("tr", null, h("td", null, runLink(le.run_id)), h("td", { class: "id" }, dash(le.owner_id)), h("td", { class: "n" }, le.generation), h("td", null, ago(le.expires_at)))),
+          { empty: "None: every active run's owner is on time." }
+        )
+      )
+    );
+  };
+
+  // ---------------------------------------------------------------- start
+
+  async function start() {
+    try {
+      meta = await api("meta");
+    } catch (e) {
+      clear(main);
+      showError(e.message);
+      return;
+    }
+    document.getElementById("db").textContent = meta.database + " · fencepost " + meta.version;
+    window.addEventListener("hashchange", render);
+    render();
+  }
+
+  start();
+})();

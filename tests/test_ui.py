@@ -1,0 +1,772 @@
+"""``fencepost ui``: the dashboard's JSON API, event stream and static files over real HTTP,
+on SQLite and PostgreSQL (the ``target`` fixture), with the server in a thread on a free port.
+
+Covered: each call's content (runs with filters and paging, a run with its units, attempts,
+totals and the fence's counts, leases by state, the event tail and its stream with resume,
+throughput, doctor); hostile data (ids, refs, scope keys, JSON holding markup, quotes and
+unicode) coming back inert and exact; the token; read-only (405, nothing written); errors as
+JSON without a driver's words; and the command line (the URL printed, Ctrl-C, refusing a
+non-loopback host without a token).
+"""
+
+from __future__ import annotations
+
+import http.client
+import importlib.resources
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import fencepost as fp
+from fencepost.ui import api, server
+from tests.conftest import STEPS, FakeClock, cli, counts, queued, started
+from tests.uiserve import get_json, request, served
+
+HOSTILE = "<script>alert(1)</script>\"'&\u2028\u202e é🙂 </textarea><img src=x onerror=alert(2)>"
+
+
+def assert_inert(body: bytes) -> None:
+    """A JSON body that no HTML or script context can misread: no markup characters, ASCII
+    only (everything else escaped)."""
+    for ch in (b"<", b">", b"&"):
+        assert ch not in body
+    body.decode("ascii")
+
+
+@pytest.fixture
+def filled(target: str, clock: FakeClock) -> Iterator[fp.Ledger]:
+    """``target`` opened for writing by the test (the server opens its own connections)."""
+    with fp.Ledger.open(target, clock=clock) as ledger:
+        yield ledger
+
+
+# ------------------------------------------------------------------ runs
+
+
+def test_runs_filters_and_paging(filled: fp.Ledger, target: str, clock: FakeClock) -> None:
+    for i in range(7):
+        clock.advance(1000)
+        filled.start_run(
+            f"wf/{'ab'[i % 2]}", scope_key=f"scope-{i % 3}", steps=STEPS, run_id=f"run-{i}",
+            force=True,
+        )  # fmt: skip
+    filled.abandon_run("run-0")
+    filled.abandon_run("run-3")
+    parent = filled.get_run("run-6")
+    assert parent is not None
+    filled.publish_child_run(
+        "run-6", parent_unit_id="u", invocation_key="k", workflow_ref="wf/child", steps=STEPS,
+        run_id="child-1",
+    )  # fmt: skip
+    with served(target, clock=clock) as srv:
+        page = get_json(srv, "/api/runs")
+        assert [r["run_id"] for r in page["runs"]] == [r.run_id for r in filled.list_runs()]
+        assert len(page["runs"]) == 7
+        assert page["next"] is None
+        assert page["runs"][0]["run_id"] == "run-6"  # its child's publication updated it
+        assert page["runs"][0]["updated_at"].endswith("Z")
+
+        cancelled = get_json(srv, "/api/runs", status="cancelled")
+        assert {r["run_id"] for r in cancelled["runs"]} == {"run-0", "run-3"}
+        both = get_json(srv, "/api/runs", status=["cancelled", "active"], workflow="wf/a")
+        assert {r["run_id"] for r in both["runs"]} == {"run-0", "run-2", "run-4", "run-6"}
+        scoped = get_json(srv, "/api/runs", scope="scope-1")
+        assert {r["run_id"] for r in scoped["runs"]} == {"run-1", "run-4"}
+        children = get_json(srv, "/api/runs", children="1")
+        assert "child-1" in {r["run_id"] for r in children["runs"]}
+        assert "child-1" not in {r["run_id"] for r in page["runs"]}
+
+        # Keyset paging: pages of 3 cover the runs once each, in order.
+        seen: list[str] = []
+        after = None
+        while True:
+            params: dict[str, Any] = {"limit": 3}
+            if after:
+                params["after"] = after
+            got = get_json(srv, "/api/runs", **params)
+            seen += [r["run_id"] for r in got["runs"]]
+            after = got["next"]
+            if after is None:
+                break
+        assert seen == [r["run_id"] for r in page["runs"]]
+
+        assert request(srv, "/api/runs?limit=0").status == 400
+        assert request(srv, "/api/runs?limit=201").status == 400
+        assert request(srv, "/api/runs?limit=x").status == 400
+        bad = request(srv, "/api/runs?status=bogus")
+        assert bad.status == 400
+        assert "bogus" in bad.json()["error"]
+        gone = request(srv, "/api/runs?after=no-such-run")
+        assert gone.status == 404
+        assert request(srv, "/api/runs?scope=a&scope=b").status == 400
+
+
+# ------------------------------------------------------------------ one run and the fence
+
+
+def _takeover(ledger: fp.Ledger, clock: FakeClock) -> tuple[fp.Claim, fp.Claim]:
+    """run-1 claimed by host-a, which reserves two units and dies; host-b takes the lease
+    over after it expires and reclaims one unit in place; host-a's stale writes are refused
+    (three of them)."""
+    dead = started(ledger, "run-1", runner="host-a")
+    got = ledger.reserve_attempt("run-1", "u-1", step_id="build", holder="host-a", claim=dead)
+    ledger.finish_attempt("run-1", "u-1", got.attempt, got.dispatch_id, status="failed",
+                          failure_reason="boom", claim=dead)  # fmt: skip
+    for unit in ("u-1", "u-2"):
+        ledger.reserve_attempt("run-1", unit, step_id="build", holder="host-a", claim=dead)
+    clock.advance(11_000)
+    taker = ledger.claim("run-1", "host-b", lease_ms=60_000)
+    assert taker is not None
+    assert taker.generation == 2
+    again = ledger.reserve_attempt("run-1", "u-2", step_id="build", holder="host-b", claim=taker)
+    assert again.kind == "reclaimed"
+    for write in (
+        lambda: ledger.heartbeat(dead, lease_ms=1000),
+        lambda: ledger.reserve_attempt("run-1", "u-3", step_id="build", claim=dead),
+        lambda: ledger.set_outputs("run-1", {"stale": True}, claim=dead),
+    ):
+        with pytest.raises(fp.LeaseLost):
+            write()
+    return dead, taker
+
+
+def test_run_units_attempts_and_the_fence(filled: fp.Ledger, target: str, clock: FakeClock) -> None:
+    _, taker = _takeover(filled, clock)
+    filled.publish_child_run(
+        "run-1", parent_unit_id="u-1", invocation_key="k1", workflow_ref="wf/child",
+        steps=STEPS, run_id="child-1",
+    )  # fmt: skip
+    with served(target, clock=clock) as srv:
+        doc = get_json(srv, "/api/run", id="run-1")
+        assert doc["run"]["run_id"] == "run-1"
+        assert doc["run"]["status"] == "active"
+        assert doc["steps"] == []  # a controller's run: its definition has the steps
+        lease = doc["lease"]
+        assert lease["generation"] == 2
+        assert lease["owner_id"] == "host-b"
+        assert lease["state"] == "live"
+        assert lease["remaining_ms"] == 60_000
+        assert lease["takeovers"] == 1
+        assert lease["refused_writes"] == 3
+        assert [c["run_id"] for c in doc["children"]] == ["child-1"]
+        assert doc["children_total"] == 1
+        child = get_json(srv, "/api/run", id="child-1")
+        assert child["parent"]["run_id"] == "run-1"
+        assert [s["step_id"] for s in child["steps"]] == ["plan", "build", "ship"]
+        assert child["steps"][0]["status"] == "active"
+        assert child["lease"]["state"] == "free"
+
+        units = get_json(srv, "/api/run/totals", run="run-1", part="units")
+        assert units["total"] == 2
+        assert units["by_status"]["failed"] == 0
+        assert units["by_status"]["running"] == 2
+        acc = get_json(srv, "/api/run/totals", run="run-1", part="accounting")
+        assert acc["total_attempts"] == 3
+        assert request(srv, "/api/run/totals?run=run-1&part=x").status == 400
+
+        page = get_json(srv, "/api/units", run="run-1")
+        by_id = {u["unit_id"]: u for u in page["units"]}
+        assert list(by_id) == ["u-1", "u-2"]
+        first, second = by_id["u-1"]["history"]
+        assert first["status"] == "failed"
+        assert first["failure_reason"] == "boom"
+        assert first["lease_generation"] == 1
+        assert first["holder"] == "host-a"
+        assert first["duration_ms"] == 0
+        assert second["attempt"] == 2
+        assert second["status"] == "running"
+        (reclaimed,) = by_id["u-2"]["history"]
+        assert reclaimed["reclaims"] == 1
+        assert reclaimed["lease_generation"] == taker.generation
+        assert reclaimed["holder"] == "host-b"
+        assert reclaimed["dispatch_id"]
+
+        one = get_json(srv, "/api/units", run="run-1", limit=1)
+        assert [u["unit_id"] for u in one["units"]] == ["u-1"]
+        assert one["next"] == "u-1"
+        rest = get_json(srv, "/api/units", run="run-1", limit=1, after="u-1")
+        assert [u["unit_id"] for u in rest["units"]] == ["u-2"]
+        assert rest["next"] is None
+        # The counts (known for this revision) say no unit is completed: answered unread.
+        assert get_json(srv, "/api/units", run="run-1", status="completed")["units"] == []
+        assert len(get_json(srv, "/api/units", run="run-1", status="running")["units"]) == 2
+        assert request(srv, "/api/units?run=run-1&status=bogus").status == 400
+
+        claims = [
+            e for e in get_json(srv, "/api/events", run="run-1", after=0)["events"]
+            if e["type"] == "lease.claimed"
+        ]  # fmt: skip
+        assert [e["generation"] for e in claims] == [1, 2]
+        assert [e["taken_from"] for e in claims] == [None, "host-a"]
+
+        missing = request(srv, "/api/run?id=nope")
+        assert missing.status == 404
+        assert missing.json()["error"] == "no run 'nope'"
+        assert request(srv, "/api/run").status == 400
+        assert request(srv, "/api/units?run=nope").status == 404
+
+
+def test_run_totals_follow_the_runs_revision(
+    filled: fp.Ledger, target: str, clock: FakeClock
+) -> None:
+    run = filled.start_run("wf", scope_key=None, steps=STEPS, force=True)
+    with served(target, clock=clock) as srv:
+        assert get_json(srv, "/api/run/totals", run=run.run_id, part="units")["total"] == 0
+        got = filled.reserve_attempt(run.run_id, "u", step_id="build")
+        assert get_json(srv, "/api/run/totals", run=run.run_id, part="units")["total"] == 1
+        filled.finish_attempt(run.run_id, "u", got.attempt, got.dispatch_id, status="completed",
+                              tokens=7)  # fmt: skip
+        acc = get_json(srv, "/api/run/totals", run=run.run_id, part="accounting")
+        assert acc["total_tokens"] == 7
+        units = get_json(srv, "/api/run/totals", run=run.run_id, part="units")
+        assert units["by_status"]["completed"] == 1
+
+
+def test_a_status_filter_looks_through_a_bounded_window(
+    filled: fp.Ledger, target: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Filtered by status, a view reads the next SCANNED units in order and keeps the
+    matches; paging on from where it stopped finds the rest, each match once."""
+    monkeypatch.setattr(api, "SCANNED", 10)
+    run = filled.start_run("wf", scope_key=None, steps=STEPS, force=True)
+    got = filled.reserve_attempts(
+        run.run_id, [{"unit_id": f"u{i:02d}", "step_id": "build"} for i in range(24)]
+    )
+    failed = {"u03", "u04", "u05", "u21"}
+    for r in got:
+        status = "failed" if r.unit_id in failed else "completed"
+        filled.finish_attempt(run.run_id, r.unit_id, r.attempt, r.dispatch_id, status=status)
+    with served(target, clock=clock) as srv:
+        pages = []
+        after = ""
+        while True:
+            page = get_json(srv, "/api/units", run=run.run_id, status="failed", limit=2,
+                            after=after)  # fmt: skip
+            pages.append(([u["unit_id"] for u in page["units"]], page["scanned"], page["next"]))
+            if page["next"] is None:
+                break
+            after = page["next"]
+    assert pages == [
+        (["u03", "u04"], 5, "u04"),  # two matches: the page is full before the window ends
+        (["u05"], 10, "u14"),
+        (["u21"], 9, None),  # the last window was not full: the end
+    ]
+
+
+# ------------------------------------------------------------------ leases
+
+
+def test_leases_by_state(filled: fp.Ledger, target: str, clock: FakeClock) -> None:
+    _takeover(filled, clock)  # run-1: host-b, 60 s
+    for run_id, lease_ms in (("live-1", 100_000), ("late-1", 9_000), ("gone-1", 1_000)):
+        filled.reserve_run(run_id, **queued(run_id))
+        assert filled.claim(run_id, "ctl", lease_ms=lease_ms) is not None
+    clock.advance(7_000)  # late-1: 2 s of 9 left; gone-1 expired
+    with served(target, clock=clock) as srv:
+        doc = get_json(srv, "/api/leases")
+        states = {le["run_id"]: le["state"] for le in doc["owned"]}
+        assert states == {
+            "gone-1": "expired", "late-1": "expiring", "run-1": "live", "live-1": "live",
+        }  # fmt: skip
+        assert doc["owned"][0]["run_id"] == "gone-1"  # soonest to expire first
+        assert doc["counts"] == {
+            "live": 2, "expiring": 1, "expired": 1, "owned": 4, "blocking": 1,
+        }  # fmt: skip
+        assert [le["run_id"] for le in doc["blocking"]] == ["gone-1"]
+        recent = {le["run_id"]: le for le in doc["recent"]}
+        assert recent["run-1"]["generation"] == 2
+        assert recent["run-1"]["run_status"] == "active"
+        assert recent["run-1"]["takeovers"] == 1
+        assert recent["run-1"]["refused_writes"] == 3
+        first = get_json(srv, "/api/leases", limit=2)
+        assert len(first["recent"]) == 2
+        second = get_json(srv, "/api/leases", limit=2, after=first["next"])
+        assert not {le["run_id"] for le in first["recent"]} & {
+            le["run_id"] for le in second["recent"]
+        }
+
+
+# ------------------------------------------------------------------ events
+
+
+def test_events_page_and_stream_resume(filled: fp.Ledger, target: str, clock: FakeClock) -> None:
+    for i in range(5):
+        filled.start_run("wf", scope_key=None, steps=STEPS, run_id=f"r-{i}", force=True)
+    everything = filled.events(limit=1000)
+    with served(target, clock=clock) as srv:
+        tail = get_json(srv, "/api/events", limit=3)
+        assert [e["seq"] for e in tail["events"]] == [e.seq for e in everything[-3:]]
+        assert tail["head"] == everything[-1].seq
+        assert tail["after"] == everything[-1].seq
+        first = get_json(srv, "/api/events", after=0, limit=2)
+        assert [e["seq"] for e in first["events"]] == [e.seq for e in everything[:2]]
+        of_run = get_json(srv, "/api/events", run="r-2", after=0)
+        assert {e["run_id"] for e in of_run["events"]} == {"r-2"}
+        assert of_run["events"][0]["type"] == "run.started"
+        # A run's tail starts at the head; from a seq that is not one of its events, the log
+        # is read and filtered.
+        assert get_json(srv, "/api/events", run="r-2")["events"] == []
+        filtered = get_json(srv, "/api/events", run="r-3", after=everything[0].seq)
+        assert {e["run_id"] for e in filtered["events"]} == {"r-3"}
+
+        stream = _open_stream(srv, "/api/stream")
+        filled.start_run("wf", scope_key=None, steps=STEPS, run_id="new-1", force=True)
+        seq, event = _next_event(stream)
+        assert event["run_id"] == "new-1"
+        assert event["type"] == "run.started"
+        assert seq == event["seq"]
+        stream.close()
+
+        # Resume: Last-Event-ID (what EventSource sends) wins over ?after.
+        filled.start_run("wf", scope_key=None, steps=STEPS, run_id="new-2", force=True)
+        resumed = _open_stream(srv, "/api/stream?after=0", {"Last-Event-ID": str(seq)})
+        assert _next_event(resumed)[1]["run_id"] == "new-2"
+        resumed.close()
+
+        # One run's stream: other runs' events are not sent.
+        only = _open_stream(srv, "/api/stream?run=new-3")
+        filled.start_run("wf", scope_key=None, steps=STEPS, run_id="noise", force=True)
+        filled.start_run("wf", scope_key=None, steps=STEPS, run_id="new-3", force=True)
+        assert _next_event(only)[1]["run_id"] == "new-3"
+        only.close()
+
+        bad = request(srv, "/api/stream", headers={"Last-Event-ID": "x"})
+        assert bad.status == 400
+
+
+class _Stream:
+    def __init__(self, conn: http.client.HTTPConnection, res: http.client.HTTPResponse) -> None:
+        self.conn, self.res = conn, res
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _open_stream(srv: server.DashboardServer, path: str, headers: Any = None) -> _Stream:
+    host, port = srv.server_address[:2]
+    conn = http.client.HTTPConnection(str(host), int(port), timeout=20)
+    conn.request("GET", path, headers=headers or {})
+    res = conn.getresponse()
+    assert res.status == 200
+    assert res.headers["Content-Type"].startswith("text/event-stream")
+    assert res.headers["X-Content-Type-Options"] == "nosniff"
+    return _Stream(conn, res)
+
+
+def _next_event(stream: _Stream) -> tuple[int, Any]:
+    """The next ``ledger`` event of a stream: (its id, its data)."""
+    seq = None
+    while True:
+        line = stream.res.fp.readline()
+        assert line, "the stream ended"
+        if line.startswith(b"id: "):
+            seq = int(line[4:])
+        elif line.startswith(b"data: "):
+            assert_inert(line[6:].strip())
+            assert seq is not None
+            return seq, json.loads(line[6:])
+
+
+def test_streams_end_when_the_server_stops(filled: fp.Ledger, target: str) -> None:
+    with served(target) as srv:
+        stream = _open_stream(srv, "/api/stream")
+        assert srv.dashboard.streams
+        started_at = time.monotonic()
+    # served() shut the server down and closed it: the stream's thread ended and its
+    # connection closed, well before any timeout.
+    while stream.res.fp.readline():
+        pass
+    assert time.monotonic() - started_at < 5
+    assert not srv.dashboard.streams
+    stream.close()
+
+
+# ------------------------------------------------------------------ throughput
+
+
+def test_throughput_per_minute(filled: fp.Ledger, target: str, clock: FakeClock) -> None:
+    clock.now = (clock.now // 60_000) * 60_000 + 5_000
+    start = clock.now
+    per_minute = [3, 0, 5, 1, 8, 2]
+    for minute, n in enumerate(per_minute):
+        if not n:
+            continue
+        clock.now = start + minute * 60_000
+        run = filled.start_run("wf", scope_key=None, steps=STEPS, force=True)
+        for i in range(n - 1):  # run.started is one event
+            filled.reserve_attempt(run.run_id, f"u{i}", step_id="build")
+    now = clock.now + 1_000
+    expected = [0] * 54 + per_minute
+    query = {"minutes": ["60"]}
+    exact = api.Throughput()(filled, query, now)
+    assert exact["exact"]
+    assert [m["count"] for m in exact["minutes"]] == expected
+    assert exact["total"] == sum(per_minute)
+    # Counted by seq positions (what a busy hour gets): the same counts, found by probes.
+    counter = api.Throughput(exact_max=0)
+    probed = counter(filled, query, now)
+    assert not probed["exact"]
+    assert [m["count"] for m in probed["minutes"]] == expected
+    again = counter(filled, query, now)
+    assert again["minutes"] == probed["minutes"]
+    assert again["probes"] <= probed["probes"]  # past minutes' boundaries are remembered
+    with served(target, clock=lambda: now) as srv:
+        doc = get_json(srv, "/api/throughput")
+        assert [m["count"] for m in doc["minutes"]] == expected
+        assert request(srv, "/api/throughput?minutes=1000").status == 400
+
+
+def test_throughput_of_an_empty_log(tmp_path: pathlib.Path) -> None:
+    db = str(tmp_path / "empty.db")
+    fp.Ledger.open(db).close()
+    with served(db) as srv:
+        doc = get_json(srv, "/api/throughput")
+        assert doc["total"] == 0
+        assert doc["head"] == 0
+        assert get_json(srv, "/api/events")["events"] == []
+
+
+def test_head_seq_gallops(tmp_path: pathlib.Path) -> None:
+    with fp.Ledger.open(str(tmp_path / "h.db")) as ledger:
+        assert api.head_seq(ledger) == 0
+        run = ledger.start_run("wf", scope_key=None, steps=STEPS, force=True)
+        for start in range(0, 2500, 500):
+            ledger.reserve_attempts(
+                run.run_id,
+                [{"unit_id": f"u{i}", "step_id": "build"} for i in range(start, start + 500)],
+            )
+        last = ledger.events(after_seq=2400, limit=1000)[-1].seq
+        assert api.head_seq(ledger) == last
+        assert api.head_seq(ledger, hint=17) == last
+        assert api.head_seq(ledger, hint=last) == last
+
+
+# ------------------------------------------------------------------ doctor
+
+
+def test_doctor(filled: fp.Ledger, target: str) -> None:
+    filled.start_run("wf", scope_key=None, steps=STEPS, force=True)
+    with served(target) as srv:
+        quick = get_json(srv, "/api/doctor")
+        assert quick["checked"] is False
+        assert quick["healthy"] is None
+        assert quick["schema_version"] == fp.SCHEMA_VERSION
+        assert quick["pragmas"]["foreign_keys"] is True
+        full = get_json(srv, "/api/doctor", checks="1")
+        assert full["checked"] is True
+        assert full["healthy"] is True
+        assert full["integrity_check"] == ["ok"]
+        assert full["orphan_attempts"] == []
+        assert full["integrity_check_mode"] == "quick"
+
+
+# ------------------------------------------------------------------ hostile data
+
+
+def test_hostile_data_comes_back_exact_and_inert(
+    filled: fp.Ledger, target: str, clock: FakeClock
+) -> None:
+    steps = [{"id": "s" + HOSTILE, "title": "T" + HOSTILE, "instructions": HOSTILE}]
+    run = filled.start_run(
+        "wf/" + HOSTILE, scope_key="scope" + HOSTILE, steps=steps, params={"k" + HOSTILE: HOSTILE},
+        run_id="run-x", force=True,
+    )  # fmt: skip
+    got = filled.reserve_attempt("run-x", "u" + HOSTILE, step_id="s" + HOSTILE,
+                                 holder="h" + HOSTILE)  # fmt: skip
+    filled.finish_attempt(
+        "run-x", "u" + HOSTILE, got.attempt, got.dispatch_id, status="failed",
+        result={"r" + HOSTILE: [HOSTILE]}, failure_reason="f" + HOSTILE,
+    )  # fmt: skip
+    filled.reserve_run("ctl-x", **queued("ctl-x", workflow_ref="ref" + HOSTILE))
+    assert filled.claim("ctl-x", "owner" + HOSTILE, lease_ms=60_000) is not None
+    with served(target, clock=clock) as srv:
+        calls = [
+            ("/api/runs", {}),
+            ("/api/runs", {"scope": "scope" + HOSTILE}),
+            ("/api/runs", {"workflow": "wf/" + HOSTILE}),
+            ("/api/run", {"id": "run-x"}),
+            ("/api/units", {"run": "run-x", "step": "s" + HOSTILE}),
+            ("/api/leases", {}),
+            ("/api/events", {"after": 0}),
+            ("/api/doctor", {}),
+        ]
+        answers = {}
+        for path, params in calls:
+            answer = request(srv, path, params=params)
+            assert answer.status == 200, (path, answer.body[:300])
+            assert answer.header("Content-Type") == "application/json; charset=utf-8"
+            assert answer.header("X-Content-Type-Options") == "nosniff"
+            assert_inert(answer.body)
+            answers[path, tuple(params)] = answer.json()
+        listed = answers["/api/runs", ()]["runs"]
+        assert {r["workflow_ref"] for r in listed} >= {"wf/" + HOSTILE, "ref" + HOSTILE}
+        assert [r["run_id"] for r in answers["/api/runs", ("scope",)]["runs"]] == ["run-x"]
+        assert [r["run_id"] for r in answers["/api/runs", ("workflow",)]["runs"]] == ["run-x"]
+        detail = answers["/api/run", ("id",)]
+        assert detail["run"]["scope_key"] == "scope" + HOSTILE
+        assert json.loads(detail["run"]["params"]) == run.params
+        assert detail["steps"][0]["title"] == "T" + HOSTILE
+        (unit,) = answers["/api/units", ("run", "step")]["units"]
+        assert unit["unit_id"] == "u" + HOSTILE
+        assert unit["failure_reason"] == "f" + HOSTILE
+        assert json.loads(unit["result"]) == {"r" + HOSTILE: [HOSTILE]}
+        assert unit["history"][0]["holder"] == "h" + HOSTILE
+        owned = answers["/api/leases", ()]["owned"]
+        assert [le["owner_id"] for le in owned] == ["owner" + HOSTILE]
+        payloads = [e["payload"] for e in answers["/api/events", ("after",)]["events"]]
+        assert any(HOSTILE in json.loads(p).get("unit_id", "") for p in payloads)
+        # An error that quotes the request: inert too.
+        error = request(srv, "/api/run", params={"id": HOSTILE})
+        assert error.status == 404
+        assert_inert(error.body)
+        assert error.json()["error"] == f"no run {HOSTILE!r}"
+
+
+def test_dumps_escapes_markup_and_non_ascii() -> None:
+    body = api.dumps({"<k>": "</script><b>&amp;\u2028é"})
+    assert body == (
+        b'{"\\u003ck\\u003e":"\\u003c/script\\u003e\\u003cb\\u003e\\u0026amp;\\u2028\\u00e9"}'
+    )
+    assert json.loads(body) == {"<k>": "</script><b>&amp;\u2028é"}
+    assert api.clip({"a": "x" * 50}, 10) == '{"a": "xxx\u2026'
+
+
+# ------------------------------------------------------------------ the server's rules
+
+
+def test_pages_static_files_and_headers(filled: fp.Ledger, target: str) -> None:
+    with served(target) as srv:
+        page = request(srv, "/")
+        assert page.status == 200
+        assert page.header("Content-Type") == "text/html; charset=utf-8"
+        assert page.header("Content-Security-Policy").startswith("default-src 'self'")
+        assert page.header("X-Content-Type-Options") == "nosniff"
+        assert page.header("Referrer-Policy") == "no-referrer"
+        html = page.body.decode()
+        # No inline script or style for the policy to allow: one script file, one stylesheet.
+        assert html.count("<script") == 1
+        assert '<script src="/static/app.js" defer></script>' in html
+        assert "<style" not in html
+        assert " style=" not in html
+        assert "http://" not in html
+        assert "https://" not in html
+        js = request(srv, "/static/app.js")
+        assert js.header("Content-Type") == "text/javascript; charset=utf-8"
+        # The page builds its DOM from text nodes only.
+        assert not re.search(
+            rb"\.(inner|outer)HTML|insertAdjacentHTML|document\.write|eval\(|new Function",
+            js.body,
+        )
+        # Nothing fetched from elsewhere (the one URL is SVG's namespace name, never fetched).
+        assert re.findall(rb"https?://[^\s\"']*", js.body) == [b"http://www.w3.org/2000/svg"]
+        assert request(srv, "/static/app.css").header("Content-Type") == "text/css; charset=utf-8"
+        head = request(srv, "/api/meta", method="HEAD")
+        assert head.status == 200
+        assert head.body == b""
+        assert int(head.header("Content-Length")) > 0
+        missing = request(srv, "/static/../server.py")
+        assert missing.status == 404
+        assert missing.json()["status"] == 404
+        assert request(srv, "/nope").status == 404
+        # A name that is not loopback (DNS rebinding): refused without a token.
+        rebound = request(srv, "/api/meta", headers={"Host": "evil.example:80"})
+        assert rebound.status == 421
+        assert request(srv, "/api/meta", headers={"Host": "localhost:1"}).status == 200
+        bad = request(srv, "/" + "x" * 70_000)
+        assert bad.status == 414
+        assert bad.header("Content-Security-Policy").startswith("default-src 'self'")
+        assert bad.json()["status"] == 414
+
+
+def test_static_files_are_in_the_package() -> None:
+    static = importlib.resources.files("fencepost.ui").joinpath("static")
+    for name in ("index.html", "app.js", "app.css", "favicon.svg"):
+        assert static.joinpath(name).is_file(), name
+
+
+def test_read_only(filled: fp.Ledger, target: str) -> None:
+    filled.start_run("wf", scope_key=None, steps=STEPS, run_id="r", force=True)
+    before = counts(target)
+    with served(target) as srv:
+        for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "PROPFIND"):
+            answer = request(srv, "/api/runs", method=method, body=b'{"x": 1}')
+            assert answer.status == 405, method
+            assert answer.header("Allow") == "GET, HEAD"
+            assert "read-only" in answer.json()["error"]
+            assert answer.header("Content-Security-Policy")
+        for path in ("/api/runs", "/api/run?id=r", "/api/units?run=r", "/api/leases",
+                     "/api/events", "/api/throughput", "/api/doctor?checks=1"):  # fmt: skip
+            assert request(srv, path).status == 200
+    assert counts(target) == before
+
+
+def test_token(filled: fp.Ledger, target: str) -> None:
+    token = "s3cret-token"
+    with served(target, token=token) as srv:
+        assert srv.dashboard.token == token
+        denied = request(srv, "/api/meta")
+        assert denied.status == 401
+        assert denied.header("WWW-Authenticate") == "Bearer"
+        assert denied.json()["error"] == "a token is required"
+        assert request(srv, "/").status == 401
+        assert request(srv, "/static/app.js").status == 401
+        assert request(srv, "/api/stream").status == 401
+        wrong = {"Authorization": "Bearer nope"}
+        assert request(srv, "/api/meta", headers=wrong).status == 401
+        right = {"Authorization": f"Bearer {token}"}
+        meta = request(srv, "/api/meta", headers=right)
+        assert meta.status == 200
+        assert meta.json()["token_required"] is True
+        # The query-string token is for page loads only, never for the API.
+        assert request(srv, f"/api/meta?token={token}").status == 401
+        assert request(srv, "/?token=nope").status == 401
+
+        login = request(srv, f"/?token={token}")
+        assert login.status == 303
+        assert login.header("Location") == "/"
+        cookie = login.header("Set-Cookie")
+        attributes = [part.strip() for part in cookie.split(";")]
+        assert "HttpOnly" in attributes
+        assert "SameSite=Strict" in attributes
+        assert "Path=/" in attributes
+        name, value = attributes[0].split("=", 1)
+        assert token not in value  # a value derived from the token, not the token
+        jar = {"Cookie": f"{name}={value}"}
+        assert request(srv, "/", headers=jar).status == 200
+        assert request(srv, "/api/runs", headers=jar).status == 200
+        assert request(srv, "/api/meta", headers={"Cookie": f"{name}=x{value}"}).status == 401
+        # With a token, any Host may be asked for (the token is the fence).
+        other = request(srv, "/api/meta", headers={**right, "Host": "dash.example"})
+        assert other.status == 200
+
+
+def test_make_server_refuses_an_open_host_without_a_token(target: str) -> None:
+    fp.Ledger.open(target).close()
+    with pytest.raises(ValueError, match="needs a token"):
+        server.make_server(target, host="0.0.0.0", port=0)
+    with pytest.raises(ValueError, match="must not be empty"):
+        server.make_server(target, port=0, token="")
+    assert server.is_loopback("127.0.0.1")
+    assert server.is_loopback("::1")
+    assert server.is_loopback("[::1]")
+    assert server.is_loopback("localhost")
+    assert not server.is_loopback("0.0.0.0")
+    assert not server.is_loopback("example.com")
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_ledger_errors_become_json(
+    filled: fp.Ledger,
+    target: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def store_error(*args: Any, **kwargs: Any) -> Any:
+        raise fp.StoreError(
+            "server said: FATAL password=hunter2 host db-7", operation="listing runs"
+        )
+
+    def bug(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("secret internals")
+
+    def busy(*args: Any, **kwargs: Any) -> Any:
+        raise fp.StoreBusy("busy")
+
+    with served(target) as srv:
+        monkeypatch.setattr(api, "runs_page", store_error)
+        failed = request(srv, "/api/runs")
+        assert failed.status == 503
+        assert failed.json() == {
+            "error": "the database failed while listing runs; run `fencepost doctor`",
+            "status": 503,
+        }
+        monkeypatch.setattr(api, "runs_page", bug)
+        crashed = request(srv, "/api/runs")
+        assert crashed.status == 500
+        assert b"secret" not in crashed.body
+        assert b"Traceback" not in crashed.body
+        assert crashed.json()["error"].startswith("internal error")
+        monkeypatch.setattr(api, "runs_page", busy)
+        assert request(srv, "/api/runs").status == 503
+        # The server keeps serving.
+        assert request(srv, "/api/meta").status == 200
+    logged = capsys.readouterr().err
+    assert "secret internals" in logged  # the server's own log has the details
+
+
+def test_a_missing_ledger_is_not_created(tmp_path: pathlib.Path) -> None:
+    db = tmp_path / "absent.db"
+    with pytest.raises(fp.StoreError):
+        server.make_server(str(db), port=0)
+    assert not db.exists()
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def test_cli_refuses_a_non_loopback_host_without_a_token(tmp_path: pathlib.Path) -> None:
+    db = tmp_path / "l.db"
+    fp.Ledger.open(str(db)).close()
+    done = cli("ui", "--db", str(db), "--host", "0.0.0.0", env={"FENCEPOST_UI_TOKEN": ""})
+    assert done.returncode == 2
+    assert "--host 0.0.0.0 is not loopback" in done.stderr
+    assert "--token" in done.stderr
+    assert done.stdout == ""
+    empty = cli("ui", "--db", str(db), "--token", " ")
+    assert empty.returncode == 2
+    assert "--token must not be empty" in empty.stderr
+    missing = cli("ui", "--db", str(tmp_path / "none.db"), "--port", "0")
+    assert missing.returncode == 1
+    assert "no ledger at" in missing.stderr
+    assert not (tmp_path / "none.db").exists()
+    bad_port = cli("ui", "--db", str(db), "--port", "70000")
+    assert bad_port.returncode == 2
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_cli_prints_its_url_and_stops_cleanly(target: str, stop: signal.Signals) -> None:
+    with fp.Ledger.open(target) as ledger:
+        ledger.start_run("wf", scope_key=None, steps=STEPS, run_id="r", force=True)
+    env = {k: v for k, v in os.environ.items() if k != "FENCEPOST_UI_TOKEN"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fencepost", "ui", "--db", target, "--port", "0",
+         "--token", "tok"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert "(read-only)" in proc.stdout.readline()
+        line = proc.stdout.readline()
+        assert line.startswith("serving on http://127.0.0.1:")
+        url = urllib.parse.urlsplit(line.split()[2])
+        assert url.query == "token=tok"
+        conn = http.client.HTTPConnection("127.0.0.1", url.port, timeout=10)
+        conn.request("GET", "/api/runs", headers={"Authorization": "Bearer tok"})
+        res = conn.getresponse()
+        assert res.status == 200
+        assert [r["run_id"] for r in json.loads(res.read())["runs"]] == ["r"]
+        # A stream is open when the signal comes: it must not hold the exit up.
+        conn.request("GET", "/api/stream", headers={"Authorization": "Bearer tok"})
+        assert conn.getresponse().status == 200
+        proc.send_signal(stop)
+        out, err = proc.communicate(timeout=15)
+        conn.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "stopping" in out
+    assert "Traceback" not in err

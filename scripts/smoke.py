@@ -48,6 +48,16 @@ def main() -> int:
         if doctor.returncode != 0:
             sys.stderr.write(doctor.stdout + doctor.stderr)
             return 1
+    # The wheel alone has no OpenTelemetry: its module says how to get it, and nothing else
+    # imported it.
+    try:
+        import fencepost.otel  # noqa: F401
+    except ImportError as e:
+        missing = str(e)
+    else:
+        raise AssertionError("fencepost.otel imported without the otel extra installed")
+    assert "pip install 'fencepost[otel]'" in missing, missing
+    assert "opentelemetry" not in sys.modules
     print(f"smoke test passed: fencepost {fp.__version__} from {installed.parent}")
     return 0
 

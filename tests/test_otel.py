@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import subprocess
 import sys
@@ -404,3 +405,26 @@ def test_a_reconnect_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     reconnected = [r for r in caplog.records if r.__dict__.get("event") == "store.reconnected"]
     assert len(reconnected) >= 1
     assert reconnected[0].levelno == logging.WARNING
+
+
+def test_a_prune_is_logged_with_its_counts(
+    target: str, clock: FakeClock, caplog: pytest.LogCaptureFixture, tmp_path: Any
+) -> None:
+    with fp.Ledger.open(target, clock=clock) as ledger:
+        old = ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], force=True)
+        got = ledger.reserve_attempt(old.run_id, "u1", step_id="s")
+        ledger.finish_attempt(old.run_id, "u1", got.attempt, got.dispatch_id, status="completed")
+        assert ledger.abandon_run(old.run_id)
+        clock.advance(40 * 86_400_000)
+        ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], force=True)
+        with caplog.at_level(logging.INFO, logger="fencepost"):
+            dry = ledger.prune(older_than=dt.timedelta(days=30), dry_run=True)
+            done = ledger.prune(older_than=dt.timedelta(days=30), archive=str(tmp_path / "a.jsonl"))
+    assert dry.runs == done.runs == 1
+    pruned = [r for r in caplog.records if r.__dict__.get("event") == "retention.pruned"]
+    assert [(r.levelno, r.__dict__["dry_run"], r.__dict__["runs"]) for r in pruned] == [
+        (logging.INFO, True, 1),
+        (logging.INFO, False, 1),
+    ]
+    assert pruned[1].__dict__["attempts"] == done.attempts == 1
+    assert pruned[1].__dict__["archive"] == str(tmp_path / "a.jsonl")

@@ -41,10 +41,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from opentelemetry import metrics, trace
-from opentelemetry.metrics import _internal as _metrics_internal
-from opentelemetry.trace import Link, SpanKind
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+try:
+    from opentelemetry import metrics, trace
+    from opentelemetry.metrics import _internal as _metrics_internal
+    from opentelemetry.trace import Link, SpanKind
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError as e:  # the core wheel has no dependencies; the extra brings the API
+    raise ImportError(
+        "fencepost.otel needs the OpenTelemetry API: pip install 'fencepost[otel]'"
+    ) from e
 
 from fencepost import _core, _observe
 from fencepost.aio import AsyncLedger

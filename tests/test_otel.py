@@ -428,3 +428,48 @@ def test_a_prune_is_logged_with_its_counts(
     ]
     assert pruned[1].__dict__["attempts"] == done.attempts == 1
     assert pruned[1].__dict__["archive"] == str(tmp_path / "a.jsonl")
+
+
+def test_the_run_id_attribute_names_the_run(target: str, clock: FakeClock, otel: Otel) -> None:
+    with fp.Ledger.open(target, clock=clock) as ledger:
+        run = ledger.start_run("wf/named", scope_key="sc", steps=[{"id": "s"}])
+        claim = ledger.claim(run.run_id, "host:a", lease_ms=1000)
+        assert claim is not None
+        ledger.heartbeat(claim, lease_ms=1000)
+        ledger.find_scope_occupant("sc")
+        ledger.claim_next("host:b", lease_ms=1000)
+    spans = {s.name: s.attributes for s in otel.exporter.get_finished_spans()}
+    for name in ("start_run", "claim", "heartbeat"):
+        assert spans[name]["fencepost.run_id"] == run.run_id, name
+    # About no single run: a scope key or a runner id is not a run id.
+    assert "fencepost.run_id" not in spans["claim_next"]
+    assert spans["find_scope_occupant"]["fencepost.run_id"] == run.run_id  # the run it found
+
+
+def test_a_cancelled_wait_is_cancelled_not_failed_and_counts_once(
+    target: str, clock: FakeClock, otel: Otel
+) -> None:
+    async def main() -> None:
+        async with await AsyncLedger.open(target, clock=clock) as ledger:
+            run = await ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], force=True)
+            got = await ledger.wait_events(run.run_id, after_seq=0, timeout_s=5)
+            assert got
+            seq = got[-1].seq
+            waiting = asyncio.ensure_future(
+                ledger.wait_events(run.run_id, after_seq=seq, timeout_s=30)
+            )
+            await asyncio.sleep(0.3)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+
+    asyncio.run(main())
+    ops = "fencepost.operations"
+    assert otel.total(ops, operation="wait_events") == 2
+    assert otel.total(ops, operation="wait_events", outcome="ok") == 1
+    assert otel.total(ops, operation="wait_events", outcome="cancelled") == 1
+    (cancelled,) = [
+        s for s in otel.exporter.get_finished_spans() if s.attributes.get("fencepost.cancelled")
+    ]
+    assert cancelled.status.status_code != trace.StatusCode.ERROR
+    assert "error.type" not in cancelled.attributes

@@ -23,7 +23,9 @@ records these instruments:
 ========================================  =========  =========================================
 
 ``outcome`` is ``ok``, ``refused`` (the ledger said no: a ``LedgerError`` other than the
-two below) or ``error`` (``StoreError``, ``StoreBusy``, anything not from fencepost).
+two below), ``error`` (``StoreError``, ``StoreBusy``, anything not from fencepost) or
+``cancelled`` (the caller stopped waiting: a cancelled coroutine, an interrupt; the call may
+still have committed, so its span is not marked as failed).
 
 A reservation made inside a span records that span's W3C ``traceparent`` on the attempt
 (``Attempt.trace_context``) unless the caller passed ``trace_context=`` itself; the process
@@ -35,6 +37,7 @@ type checks); not instrumented, fencepost's calls are exactly as they were.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import time
@@ -55,7 +58,7 @@ from fencepost import _core, _observe
 from fencepost.aio import AsyncLedger
 from fencepost.errors import LedgerError, StoreBusy, StoreError
 from fencepost.ledger import Ledger
-from fencepost.models import Attempt, Reservation
+from fencepost.models import Attempt, Reservation, Run
 
 __all__ = ["OPERATIONS", "instrument", "is_instrumented", "link", "uninstrument"]
 
@@ -161,14 +164,14 @@ class _Telemetry:
         for size in sizes:
             self.group_size.record(size)
 
-    def start(self, name: str, args: tuple[Any, ...]) -> trace.Span:
+    def start(self, name: str, run_id: str | None) -> trace.Span:
         attributes: dict[str, str] = {
             "messaging.system": _SCOPE,
             "messaging.operation.name": name,
             "messaging.operation.type": _KINDS.get(name, "process"),
         }
-        if args and isinstance(args[0], str) and name not in ("put_json", "get_json"):
-            attributes["fencepost.run_id"] = args[0]
+        if run_id is not None:
+            attributes["fencepost.run_id"] = run_id
         return self.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes)
 
     def end(
@@ -179,15 +182,21 @@ class _Telemetry:
         result: object,
         error: BaseException | None,
     ) -> None:
-        attributes = {"operation": name, "outcome": _outcome(error)}
-        if error is not None:
+        outcome = _outcome(error)
+        attributes = {"operation": name, "outcome": outcome}
+        if outcome == "cancelled":
+            # The caller stopped waiting; the call itself may still have committed.
+            span.set_attribute("fencepost.cancelled", True)
+        elif error is not None:
             error_type = type(error).__qualname__
             attributes["error.type"] = error_type
             span.set_attribute("error.type", error_type)
             span.record_exception(error)
             span.set_status(trace.StatusCode.ERROR, str(error))
-        else:
+        if error is None:
             reclaimed = _reclaims(result)
+            if isinstance(result, Run):  # start_run and the like: the run they made
+                span.set_attribute("fencepost.run_id", result.run_id)
             if reclaimed:
                 self.reclaims.add(reclaimed)
             if isinstance(result, Reservation):
@@ -213,6 +222,8 @@ def _unset() -> bool:
 def _outcome(error: BaseException | None) -> str:
     if error is None:
         return "ok"
+    if isinstance(error, asyncio.CancelledError | GeneratorExit | KeyboardInterrupt):
+        return "cancelled"
     if isinstance(error, LedgerError) and not isinstance(error, StoreError | StoreBusy):
         return "refused"
     return "error"
@@ -262,13 +273,32 @@ def _with_trace_context(
 _RESERVES: Final = frozenset({"reserve_attempt", "reserve_attempts"})
 
 
+def _run_param(fn: Callable[..., Any]) -> str | None:
+    """The parameter that names the run an operation is about: its first one, when that is
+    ``run_id``, ``parent_run_id`` or a ``claim``; ``None`` for the operations about no single
+    run (their first argument is a workflow ref, a runner, a prefix...)."""
+    first = list(inspect.signature(fn).parameters)[1:2]
+    return first[0] if first and first[0] in ("run_id", "parent_run_id", "claim") else None
+
+
+def _run_id(param: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    if param is None:
+        return None
+    found = args[0] if args else kwargs.get(param)
+    if param == "claim":
+        found = getattr(found, "run_id", None)
+    return found if isinstance(found, str) else None
+
+
 def _wrap_sync(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    param = _run_param(fn)
+
     @functools.wraps(fn)
     def op(self: Any, *args: Any, **kwargs: Any) -> Any:
         t = _state
         if t is None or not (t._live or t.live()):
             return fn(self, *args, **kwargs)
-        span = t.start(name, args)
+        span = t.start(name, _run_id(param, args, kwargs))
         started = time.perf_counter_ns()
         with trace.use_span(span, end_on_exit=False, record_exception=False):
             if name in _RESERVES:
@@ -286,12 +316,14 @@ def _wrap_sync(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _wrap_async(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    param = _run_param(fn)
+
     @functools.wraps(fn)
     async def op(self: Any, *args: Any, **kwargs: Any) -> Any:
         t = _state
         if t is None or not (t._live or t.live()):
             return await fn(self, *args, **kwargs)
-        span = t.start(name, args)
+        span = t.start(name, _run_id(param, args, kwargs))
         started = time.perf_counter_ns()
         with trace.use_span(span, end_on_exit=False, record_exception=False):
             if name in _RESERVES:

@@ -106,8 +106,21 @@ def test_runs_filters_and_paging(filled: fp.Ledger, target: str, clock: FakeCloc
         bad = request(srv, "/api/runs?status=bogus")
         assert bad.status == 400
         assert "bogus" in bad.json()["error"]
-        gone = request(srv, "/api/runs?after=no-such-run")
-        assert gone.status == 404
+        assert request(srv, "/api/runs?after=no-such-run").status == 400
+        assert request(srv, "/api/runs?after=1.x.r").status == 400
+        assert request(srv, "/api/runs?after=99999999999999999999.1.r").status == 400
+
+        # A run that changes between pages moves to the top; the next page still follows on
+        # from where the first one ended, repeating nothing.
+        first = get_json(srv, "/api/runs", limit=4)
+        moved = first["runs"][-1]["run_id"]
+        assert moved == "run-5"  # active, so it can move
+        clock.advance(1000)
+        filled.block_run(moved)
+        rest = get_json(srv, "/api/runs", limit=200, after=first["next"])
+        ids = [r["run_id"] for r in rest["runs"]]
+        assert not set(ids) & {r["run_id"] for r in first["runs"]}
+        assert ids == [r["run_id"] for r in page["runs"]][4:]
         assert request(srv, "/api/runs?scope=a&scope=b").status == 400
 
 
@@ -610,6 +623,25 @@ def test_read_only(filled: fp.Ledger, target: str) -> None:
     assert counts(target) == before
 
 
+def test_malformed_and_cross_site_requests(filled: fp.Ledger, target: str) -> None:
+    """Another site's page cannot make the browser call the dashboard (it could not read the
+    answer, but could keep the whole-database checks busy); a request with too many fields
+    and a stream resuming past any seq are refused before anything is sent."""
+    filled.start_run("wf", scope_key=None, steps=STEPS, run_id="r", force=True)
+    with served(target) as srv:
+        for site in ("cross-site", "same-site"):
+            refused = request(srv, "/api/doctor?checks=1", headers={"Sec-Fetch-Site": site})
+            assert refused.status == 403, site
+        ours = request(srv, "/api/meta", headers={"Sec-Fetch-Site": "same-origin"})
+        assert ours.status == 200
+        many = "&".join(f"f{i}=1" for i in range(60))
+        assert request(srv, f"/api/runs?{many}").status == 400
+        huge = request(srv, "/api/stream?after=99999999999999999999999")
+        assert huge.status == 400
+        assert huge.header("Content-Type").startswith("application/json")
+        assert "resume after" in huge.json()["error"]
+
+
 def test_token(filled: fp.Ledger, target: str) -> None:
     token = "s3cret-token"
     with served(target, token=token) as srv:
@@ -645,6 +677,11 @@ def test_token(filled: fp.Ledger, target: str) -> None:
         assert request(srv, "/", headers=jar).status == 200
         assert request(srv, "/api/runs", headers=jar).status == 200
         assert request(srv, "/api/meta", headers={"Cookie": f"{name}=x{value}"}).status == 401
+        # Another application's cookie on this host (cookies ignore ports), even one a strict
+        # parser gives up on, does not hide ours.
+        foreign = {"Cookie": f'prefs={{"a":1}}; x=a b; {name}={value}'}
+        assert request(srv, "/api/meta", headers=foreign).status == 200
+        assert name.endswith(f"_{srv.server_address[1]}")
         # With a token, any Host may be asked for (the token is the fence).
         other = request(srv, "/api/meta", headers={**right, "Host": "dash.example"})
         assert other.status == 200
@@ -724,9 +761,10 @@ def test_cli_refuses_a_non_loopback_host_without_a_token(tmp_path: pathlib.Path)
     assert "--host 0.0.0.0 is not loopback" in done.stderr
     assert "--token" in done.stderr
     assert done.stdout == ""
-    empty = cli("ui", "--db", str(db), "--token", " ")
-    assert empty.returncode == 2
-    assert "--token must not be empty" in empty.stderr
+    for blank in (" ", " tok"):
+        empty = cli("ui", "--db", str(db), "--token", blank)
+        assert empty.returncode == 2
+        assert "--token must not be empty or begin or end with spaces" in empty.stderr
     missing = cli("ui", "--db", str(tmp_path / "none.db"), "--port", "0")
     assert missing.returncode == 1
     assert "no ledger at" in missing.stderr
@@ -742,7 +780,7 @@ def test_cli_prints_its_url_and_stops_cleanly(target: str, stop: signal.Signals)
     env = {k: v for k, v in os.environ.items() if k != "FENCEPOST_UI_TOKEN"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "fencepost", "ui", "--db", target, "--port", "0",
-         "--token", "tok"],
+         "--token", "t+k&n#1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:
@@ -751,14 +789,19 @@ def test_cli_prints_its_url_and_stops_cleanly(target: str, stop: signal.Signals)
         line = proc.stdout.readline()
         assert line.startswith("serving on http://127.0.0.1:")
         url = urllib.parse.urlsplit(line.split()[2])
-        assert url.query == "token=tok"
+        # The token is quoted in the URL: opened as printed, the page load logs in.
+        assert urllib.parse.parse_qs(url.query) == {"token": ["t+k&n#1"]}
         conn = http.client.HTTPConnection("127.0.0.1", url.port, timeout=10)
-        conn.request("GET", "/api/runs", headers={"Authorization": "Bearer tok"})
+        conn.request("GET", f"/?{url.query}")
+        login = conn.getresponse()
+        login.read()
+        assert login.status == 303
+        conn.request("GET", "/api/runs", headers={"Authorization": "Bearer t+k&n#1"})
         res = conn.getresponse()
         assert res.status == 200
         assert [r["run_id"] for r in json.loads(res.read())["runs"]] == ["r"]
         # A stream is open when the signal comes: it must not hold the exit up.
-        conn.request("GET", "/api/stream", headers={"Authorization": "Bearer tok"})
+        conn.request("GET", "/api/stream", headers={"Authorization": "Bearer t+k&n#1"})
         assert conn.getresponse().status == 200
         proc.send_signal(stop)
         out, err = proc.communicate(timeout=15)

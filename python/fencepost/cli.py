@@ -15,6 +15,7 @@ import os
 import pathlib
 import signal
 import sys
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
@@ -234,8 +235,8 @@ def cmd_ui(args: argparse.Namespace, out: TextIO) -> int:
     from fencepost import ui
 
     token = args.token if args.token is not None else os.environ.get("FENCEPOST_UI_TOKEN") or None
-    if token is not None and not token.strip():
-        usage("--token must not be empty")
+    if token is not None and (not token.strip() or token != token.strip()):
+        usage("--token must not be empty or begin or end with spaces")
     if token is None and not ui.is_loopback(args.host):
         usage(
             f"--host {args.host} is not loopback: the dashboard would be open to the network. "
@@ -248,7 +249,7 @@ def cmd_ui(args: argparse.Namespace, out: TextIO) -> int:
         server = ui.make_server(args.db, host=args.host, port=args.port, token=token)
     except OSError as e:
         raise Refused(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
-    url = server.url + (f"?token={token}" if token is not None else "")
+    url = server.url + (f"?token={urllib.parse.quote(token, safe='')}" if token else "")
     out.write(f"fencepost ui: {server.dashboard.ledger.target} (read-only)\n")
     out.write(f"serving on {url}  (Ctrl-C stops)\n")
     out.flush()

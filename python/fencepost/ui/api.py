@@ -250,12 +250,7 @@ def runs_page(ledger: fp.Ledger, query: Query) -> dict[str, Any]:
             raise ApiError(400, f"unknown run status {status!r}")
     workflows = [w for w in query.get("workflow", []) if w]
     scope = one(query, "scope")
-    after_id = one(query, "after")
-    after = None
-    if after_id:
-        after = ledger.get_run(after_id)
-        if after is None:
-            raise ApiError(404, f"run {after_id!r} (the page cursor) no longer exists")
+    after = _after_run(one(query, "after"))
     # One more than asked says whether another page follows.
     runs = ledger.list_runs(
         scope_key=scope if scope else fp.ALL_SCOPES,
@@ -268,9 +263,35 @@ def runs_page(ledger: fp.Ledger, query: Query) -> dict[str, Any]:
     shown = runs[:limit]
     return {
         "runs": [run_summary(r) for r in shown],
-        "next": shown[-1].run_id if len(runs) > limit else None,
+        "next": _cursor(shown[-1]) if len(runs) > limit else None,
         "limit": limit,
     }
+
+
+def _cursor(run: fp.Run) -> str:
+    """The cursor of a page of runs that ends at ``run``: the position the page saw it at
+    (updated, created, id), not the run itself, so the next page follows on from there even if
+    the run changed (and moved to the top) or was pruned meanwhile."""
+    return f"{fp.models.to_ms(run.updated_at)}.{fp.models.to_ms(run.created_at)}.{run.run_id}"
+
+
+def _after_run(cursor: str | None) -> fp.Run | None:
+    """``list_runs``' ``after`` for a cursor of :func:`_cursor`: a run at that position (the
+    read looks at nothing else of it)."""
+    if not cursor:
+        return None
+    parts = cursor.split(".", 2)
+    try:
+        updated, created = int(parts[0]), int(parts[1])
+        at = fp.models.from_ms(updated), fp.models.from_ms(created)
+    except (ValueError, IndexError, OverflowError, fp.InvalidArgument):
+        raise ApiError(400, f"not a page cursor: {cursor!r}") from None
+    return fp.Run(
+        run_id=parts[2], workflow_ref="", workflow_name="", scope_key=None, status="completed",
+        current_step_id=None, parent_run_id=None, parent_unit_id=None, invocation_key=None,
+        origin_session_id=None, params=None, outputs=None, revision=0, created_at=at[1],
+        updated_at=at[0], completed_at=None,
+    )  # fmt: skip
 
 
 def _run(ledger: fp.Ledger, query: Query, name: str) -> fp.Run:
@@ -445,12 +466,7 @@ def leases_page(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
     for record in owned:
         states[record["state"]] += 1
     blocking = ledger.expired_leases()
-    after_id = one(query, "after")
-    after = None
-    if after_id:
-        after = ledger.get_run(after_id)
-        if after is None:
-            raise ApiError(404, f"run {after_id!r} (the page cursor) no longer exists")
+    after = _after_run(one(query, "after"))
     runs = ledger.list_runs(include_children=True, limit=limit + 1, after=after)
     shown = runs[:limit]
     recent = []
@@ -465,7 +481,7 @@ def leases_page(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
         "owned": owned[:LEASES_SHOWN],
         "blocking": [lease_record(le, now_ms) for le in blocking[:LEASES_SHOWN]],
         "recent": recent,
-        "next": shown[-1].run_id if len(runs) > limit else None,
+        "next": _cursor(shown[-1]) if len(runs) > limit else None,
         "limit": limit,
     }
 

@@ -16,10 +16,10 @@ import contextlib
 import functools
 import hashlib
 import hmac
-import http.cookies
 import importlib.resources
 import ipaddress
 import queue
+import secrets
 import select
 import socket
 import sys
@@ -46,8 +46,11 @@ COUNT_EVERY_S = 60.0
 READERS = 3
 # Long-lived event streams at once; more are refused (503) rather than starving the pages.
 MAX_STREAMS = 16
-# How long one wait of a stream lasts: the most a stream takes to notice a shutdown.
-STREAM_WAIT_S = 0.25
+# How long one wait of a stream lasts: the most a stream takes to notice a shutdown. Each wait
+# queries once when it starts, so this is also an idle stream's query rate.
+STREAM_WAIT_S = 1.0
+# The largest event seq a stream resumes after (the ledger's seq is a 64-bit integer).
+MAX_SEQ = (1 << 62) - 1
 # A comment line this often keeps proxies and the browser from timing an idle stream out.
 KEEPALIVE_S = 15.0
 STATIC = {
@@ -120,6 +123,11 @@ class Dashboard:
         self._checks_lock = threading.Lock()
         # The newest seq seen: where the next search for the log's head starts.
         self.head = 0
+        # The port served (set once bound): cookies ignore ports, so it is in the cookie's
+        # name, and two dashboards on one host keep their sessions apart.
+        self.port = 0
+        # Sessions are valid for this process only: a restart asks for the token again.
+        self._session_key = secrets.token_bytes(32)
 
     @contextlib.contextmanager
     def reader(self) -> Iterator[fp.Ledger]:
@@ -152,11 +160,14 @@ class Dashboard:
     def now_ms(self) -> int:
         return api.now_ms_of(self.clock)
 
+    def cookie_name(self) -> str:
+        return f"{COOKIE}_{self.port}"
+
     def cookie_value(self) -> str:
-        """The session cookie: derived from the token, so the token itself is never stored
-        in the browser."""
+        """The session cookie: derived from the token and this process's key, so the token
+        itself is never stored in the browser and a session ends with the server."""
         assert self.token is not None
-        return hmac.new(self.token.encode(), b"fencepost ui session", hashlib.sha256).hexdigest()
+        return hmac.new(self._session_key, self.token.encode(), hashlib.sha256).hexdigest()
 
     def head_hint(self) -> int:
         return self.head
@@ -203,6 +214,7 @@ class DashboardServer(ThreadingHTTPServer):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
+        dashboard.port = int(self.server_address[1])
         self.counting = threading.Thread(
             target=dashboard.keep_counting, name="fencepost-ui-throughput", daemon=True
         )
@@ -408,15 +420,14 @@ class Handler(BaseHTTPRequestHandler):
             header[7:].strip().encode(), token.encode()
         ):
             return True
-        cookies = http.cookies.SimpleCookie()
-        try:
-            cookies.load(self.headers.get("Cookie", ""))
-        except http.cookies.CookieError:
-            return False
-        morsel = cookies.get(COOKIE)
-        return morsel is not None and hmac.compare_digest(
-            morsel.value.encode(), self.app.cookie_value().encode()
-        )
+        # Split by hand: SimpleCookie stops at the first cookie it cannot parse, and cookies
+        # ignore ports, so another application on this host could hide ours behind one.
+        expected = self.app.cookie_value().encode()
+        for pair in self.headers.get("Cookie", "").split(";"):
+            name, _, value = pair.strip().partition("=")
+            if name == self.app.cookie_name() and hmac.compare_digest(value.encode(), expected):
+                return True
+        return False
 
     def _token_login(self, path: str, query: dict[str, list[str]]) -> bool:
         """A page load with ``?token=``: a valid token sets the session cookie and redirects
@@ -427,7 +438,9 @@ class Handler(BaseHTTPRequestHandler):
             return False
         if not hmac.compare_digest(given[-1].encode(), token.encode()):
             return False
-        cookie = f"{COOKIE}={self.app.cookie_value()}; Path=/; HttpOnly; SameSite=Strict"
+        cookie = (
+            f"{self.app.cookie_name()}={self.app.cookie_value()}; Path=/; HttpOnly; SameSite=Strict"
+        )
         self._send(
             303, b"", "text/plain; charset=utf-8", extra={"Location": path, "Set-Cookie": cookie}
         )
@@ -438,7 +451,17 @@ class Handler(BaseHTTPRequestHandler):
     def _route(self) -> None:
         parsed = urllib.parse.urlsplit(self.path)
         path = parsed.path
-        query = urllib.parse.parse_qs(parsed.query, keep_blank_values=True, max_num_fields=50)
+        try:
+            query = urllib.parse.parse_qs(parsed.query, keep_blank_values=True, max_num_fields=50)
+        except ValueError:
+            self._error(400, "too many query fields (at most 50)")
+            return
+        if self.headers.get("Sec-Fetch-Site", "") in ("cross-site", "same-site"):
+            # A page of another site (or another port of this host) may not make a browser
+            # call the dashboard: it could not read the answers, but it could keep the
+            # whole-database checks busy.
+            self._error(403, "requests from other sites are refused")
+            return
         if not self._host_ok():
             self._error(421, "unexpected Host header: open the dashboard at its loopback URL")
             return
@@ -485,8 +508,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise api.ApiError(
                     400, f"the event id to resume after is not a seq: {resume!r}"
                 ) from None
-            if after < 0:
-                raise api.ApiError(400, "the event id to resume after must be 0 or more")
+            if not 0 <= after <= MAX_SEQ:
+                raise api.ApiError(400, f"the event id to resume after must be 0 to {MAX_SEQ}")
         else:
             after = api.head_seq(app.ledger, app.head_hint())
             app.saw_head(after)
@@ -506,7 +529,13 @@ class Handler(BaseHTTPRequestHandler):
             feed = api.EventFeed(app.ledger, run_id, after)
             idle = 0.0
             while not app.stopping.is_set():
-                events = feed.wait(STREAM_WAIT_S)
+                try:
+                    events = feed.wait(STREAM_WAIT_S)
+                except Exception as e:  # the response has begun: say so in the stream, and end
+                    sys.stderr.write(f"fencepost ui: event stream: {e!r}\n")
+                    message = str(e) if isinstance(e, fp.LedgerError) else "internal error"
+                    self.wfile.write(b"event: failure\ndata: %s\n\n" % api.dumps(message))
+                    return
                 if events:
                     chunks = [
                         b"id: %d\nevent: ledger\ndata: %s\n\n"

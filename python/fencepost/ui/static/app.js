@@ -723,7 +723,9 @@
 
     function push(e, isNew) {
       if (paused) {
+        // Only what would be shown is kept: the table keeps the newest 500 rows anyway.
         held.push(e);
+        if (held.length > 500) held.splice(0, held.length - 500);
         return;
       }
       const atBottom = box.scrollTop + box.clientHeight >= box.scrollHeight - 4;
@@ -760,8 +762,22 @@
       status.className = "conn on";
     });
     source.addEventListener("error", () => {
-      status.textContent = "reconnecting…";
+      // EventSource retries by itself unless the server refused the stream (401, 503...),
+      // when it gives up for good: say which.
+      const closed = source.readyState === EventSource.CLOSED;
+      status.textContent = closed ? "disconnected: reload the page" : "reconnecting…";
       status.className = "conn off";
+    });
+    source.addEventListener("failure", (msg) => {
+      let why = msg.data;
+      try {
+        why = JSON.parse(msg.data);
+      } catch (err) {
+        // shown as sent
+      }
+      status.textContent = "stream failed: " + why;
+      status.className = "conn off";
+      source.close();
     });
     source.addEventListener("ledger", (msg) => {
       let e;

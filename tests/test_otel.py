@@ -181,6 +181,9 @@ def test_the_library_prints_nothing_without_a_handler(tmp_path: Any) -> None:
 def test_the_instruments_count_a_scripted_run(target: str, clock: FakeClock, otel: Otel) -> None:
     with fp.Ledger.open(target, clock=clock) as ledger:
         run_id, _ = scripted(ledger, clock)
+    named = {name for name, *_ in fencepost.otel.INSTRUMENTS}
+    # Every instrument recorded something, but busy retries: nothing contended.
+    assert set(otel.points()) == named - {"fencepost.store.busy_retries"}
     assert otel.total("fencepost.lease.takeovers") == 1
     assert otel.total("fencepost.fence.rejections") == STALE_WRITES
     assert otel.total("fencepost.fence.rejections", reason="superseded") == STALE_WRITES

@@ -46,6 +46,7 @@ from typing import Any, Final
 
 try:
     from opentelemetry import metrics, trace
+    from opentelemetry.metrics import Counter, Histogram
     from opentelemetry.metrics import _internal as _metrics_internal
     from opentelemetry.trace import Link, SpanKind
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -60,7 +61,7 @@ from fencepost.errors import LedgerError, StoreBusy, StoreError
 from fencepost.ledger import Ledger
 from fencepost.models import Attempt, Reservation, Run
 
-__all__ = ["OPERATIONS", "instrument", "is_instrumented", "link", "uninstrument"]
+__all__ = ["INSTRUMENTS", "OPERATIONS", "instrument", "is_instrumented", "link", "uninstrument"]
 
 OPERATIONS: Final = (
     "put_json", "get_json", "start_run", "publish_child_run", "get_run", "resolve_run_id",
@@ -73,6 +74,21 @@ OPERATIONS: Final = (
     "orphan_attempts",
 )  # fmt: skip
 """The operations that get a span and count in ``fencepost.operations``."""
+
+INSTRUMENTS: Final = (
+    ("fencepost.operations", "counter", "{operation}", "Ledger operations"),
+    ("fencepost.operation.duration", "histogram", "s", "Time a ledger operation took"),
+    ("fencepost.fence.rejections", "counter", "{write}",
+     "Fenced writes refused because their claim no longer held the lease"),
+    ("fencepost.lease.takeovers", "counter", "{claim}",
+     "Claims that took a lease over from an owner whose claim had expired"),
+    ("fencepost.attempt.reclaims", "counter", "{attempt}",
+     "Running attempts reserved again (same attempt and dispatch id)"),
+    ("fencepost.commit.group_size", "histogram", "{call}",
+     "Calls committed together in one group-commit transaction"),
+    ("fencepost.store.busy_retries", "counter", "{retry}", "Contended writes tried again"),
+)  # fmt: skip
+"""Every instrument: name, kind, unit, description."""
 
 _SCOPE: Final = "fencepost"
 _MISSING: Final = object()
@@ -98,37 +114,23 @@ class _Telemetry:
         self._live = False
         self.tracer = trace.get_tracer(_SCOPE, version, tracer_provider)
         meter = metrics.get_meter(_SCOPE, version, meter_provider=meter_provider)
-        self.operations = meter.create_counter(
-            "fencepost.operations", unit="{operation}", description="Ledger operations"
-        )
-        self.duration = meter.create_histogram(
-            "fencepost.operation.duration", unit="s", description="Time a ledger operation took"
-        )
-        self.rejections = meter.create_counter(
-            "fencepost.fence.rejections",
-            unit="{write}",
-            description="Fenced writes refused because their claim no longer held the lease",
-        )
-        self.takeovers = meter.create_counter(
-            "fencepost.lease.takeovers",
-            unit="{claim}",
-            description="Claims that took a lease over from an owner whose claim had expired",
-        )
-        self.reclaims = meter.create_counter(
-            "fencepost.attempt.reclaims",
-            unit="{attempt}",
-            description="Running attempts reserved again (same attempt and dispatch id)",
-        )
-        self.group_size = meter.create_histogram(
-            "fencepost.commit.group_size",
-            unit="{call}",
-            description="Calls committed together in one group-commit transaction",
-        )
-        self.retries = meter.create_counter(
-            "fencepost.store.busy_retries",
-            unit="{retry}",
-            description="Contended writes tried again",
-        )
+        counters = {
+            name: meter.create_counter(name, unit=unit, description=description)
+            for name, kind, unit, description in INSTRUMENTS
+            if kind == "counter"
+        }
+        histograms = {
+            name: meter.create_histogram(name, unit=unit, description=description)
+            for name, kind, unit, description in INSTRUMENTS
+            if kind == "histogram"
+        }
+        self.operations: Counter = counters["fencepost.operations"]
+        self.duration: Histogram = histograms["fencepost.operation.duration"]
+        self.rejections: Counter = counters["fencepost.fence.rejections"]
+        self.takeovers: Counter = counters["fencepost.lease.takeovers"]
+        self.reclaims: Counter = counters["fencepost.attempt.reclaims"]
+        self.group_size: Histogram = histograms["fencepost.commit.group_size"]
+        self.retries: Counter = counters["fencepost.store.busy_retries"]
 
     def live(self) -> bool:
         """Whether a provider is set (once one is, it stays: OpenTelemetry refuses to replace

@@ -34,18 +34,27 @@ pub const EVENT_FLOOR_LOCK_SQL: &str = "SELECT pg_advisory_xact_lock_shared(
 
 /// The reader's half: the lowest floor among the writers in flight, the full value rebuilt
 /// from its 31 bits next to the sequence's current value (a floor lags it by far less than
-/// 2^31). Read in its own statement *before* the reader's snapshot: a writer seen here cannot
-/// commit anything below its floor that the snapshot would miss, and a writer that committed
-/// before this read is in the snapshot; one that starts later allocates above every `seq`
-/// allocated now. Readers return only `seq` below it. A lock of another schema that lands on
-/// the same key can only lower the horizon (a later page), never skip an event.
-pub const EVENT_HORIZON_SQL: &str = "SELECT min(s.cur - (((s.cur - l.objid::bigint) % 2147483648)
-        + 2147483648) % 2147483648)
-    FROM pg_locks l, (SELECT last_value AS cur FROM events_seq_seq) s
-    WHERE l.locktype = 'advisory' AND l.objsubid = 2
-      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND l.classid::bigint
-          = (hashtext('fencepost/events/' || current_schema())::bigint & 4294967295)";
+/// 2^31), and never above that current value + 1. Read in its own statement *before* the
+/// reader's snapshot: a writer seen here cannot commit anything below its floor that the
+/// snapshot would miss, and a writer that committed before this read is in the snapshot.
+/// Writers not seen here allocate above every `seq` allocated now, but not in commit order
+/// among themselves: one may commit `seq` 61 before the snapshot while another's 60 commits
+/// after it, so nothing allocated after this read is returned (the cap); the next read gets
+/// it. The sequence is read first (the `FROM`), the locks after it (a subquery of each row): a
+/// writer that allocated a `seq` up to the value read had taken its lock before allocating, so
+/// it is either still seen holding it or committed, and in the snapshot. Readers return only
+/// `seq` below the horizon. A lock of another schema that lands on the same key can only lower
+/// the horizon (a later page), never skip an event.
+pub const EVENT_HORIZON_SQL: &str = "SELECT least(
+        (SELECT min(s.cur - (((s.cur - l.objid::bigint) % 2147483648) + 2147483648)
+            % 2147483648)
+        FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.objsubid = 2
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.classid::bigint
+              = (hashtext('fencepost/events/' || current_schema())::bigint & 4294967295)),
+        s.cur + 1)
+    FROM (SELECT last_value AS cur FROM events_seq_seq) s";
 
 // ------------------------------------------------------------------ batches
 

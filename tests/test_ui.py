@@ -18,6 +18,7 @@ import os
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -640,6 +641,56 @@ def test_malformed_and_cross_site_requests(filled: fp.Ledger, target: str) -> No
         assert huge.status == 400
         assert huge.header("Content-Type").startswith("application/json")
         assert "resume after" in huge.json()["error"]
+
+
+def _raw(srv: server.DashboardServer, data: bytes) -> bytes:
+    """Send ``data`` on a socket of its own; everything the server answers until it closes."""
+    host, port = srv.server_address[:2]
+    with socket.create_connection((str(host), int(port)), timeout=10) as sock:
+        sock.sendall(data)
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    return got
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Content-Length: %d\r\n",
+        b"Content-Length: %d\r\nContent-Length: 0\r\n",
+        b"Transfer-Encoding: chunked\r\n",
+    ],
+    ids=["length", "two-lengths", "chunked"],
+)
+@pytest.mark.parametrize("method", [b"GET", b"HEAD"])
+def test_a_get_with_a_body_is_refused_not_read_as_a_request(
+    filled: fp.Ledger, target: str, framing: bytes, method: bytes
+) -> None:
+    """A body on a GET or HEAD is never read as the connection's next request (behind a proxy
+    that forwards GET bodies, that would be a request the proxy never saw): 400, and the
+    connection closes after that one answer."""
+    inner = b"GET /api/doctor HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    if b"chunked" in framing:
+        body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(inner), inner)
+    else:
+        body, framing = inner, framing % len(inner) if b"%d" in framing else framing
+    head = b"%s /api/meta HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n" % (method, framing)
+    with served(target) as srv:
+        got = _raw(srv, head + body)
+        assert got.count(b"HTTP/1.1 ") == 1, got
+        assert got.startswith(b"HTTP/1.1 400 ")
+        assert b"\r\nConnection: close\r\n" in got
+        assert b"\r\nContent-Security-Policy: " in got
+        if method == b"GET":
+            assert b"must not carry a body" in got
+        assert b"doctor" not in got.split(b"\r\n\r\n", 1)[1]
+        # Without a body (or with an empty one) a connection still serves request after
+        # request.
+        plain = b"GET /api/meta HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
+        last = b"GET /api/meta HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        both = _raw(srv, plain + last)
+        assert both.count(b"HTTP/1.1 200 ") == 2, both
 
 
 def test_token(filled: fp.Ledger, target: str) -> None:

@@ -363,6 +363,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         try:
+            if self._has_body():
+                self._refuse_body()
+                return
             self._route()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
@@ -374,16 +377,43 @@ class Handler(BaseHTTPRequestHandler):
 
     do_HEAD = do_GET
 
-    def _not_allowed(self) -> None:
-        # A small body is read and dropped (closing on unread bytes would reset the
-        # connection under the answer); a large one or one of unknown size closes it.
+    def _has_body(self) -> bool:
+        """Whether the request says it carries a body: a Content-Length other than 0, or any
+        Transfer-Encoding."""
+        if "Transfer-Encoding" in self.headers:
+            return True
+        lengths = self.headers.get_all("Content-Length") or []
+        return any(v.strip().strip("0") or not v.strip() for v in lengths)
+
+    def _discard_body(self) -> bool:
+        """Read and drop a small body of known size (closing on unread bytes would reset the
+        connection under the answer); ``False`` for a large one or one of unknown size, which
+        only closing the connection gets rid of."""
+        lengths = self.headers.get_all("Content-Length") or ["0"]
         try:
-            length = int(self.headers.get("Content-Length") or 0)
+            length = int(lengths[0]) if len(set(lengths)) == 1 else -1
         except ValueError:
             length = -1
         if 0 <= length <= MAX_DISCARD and "Transfer-Encoding" not in self.headers:
             self.rfile.read(length)
-        else:
+            return True
+        return False
+
+    def _refuse_body(self) -> None:
+        # A GET or HEAD has no body here. Were one ignored, its bytes would be read as the
+        # connection's next request: a proxy that forwards GET bodies would carry a request
+        # it never saw (smuggling). So it is refused and the connection closed, never reused.
+        self._discard_body()
+        self.close_connection = True
+        self._error(
+            400,
+            f"a {self.command} request must not carry a body (Content-Length or "
+            "Transfer-Encoding); send the query in the URL",
+            {"Connection": "close"},
+        )
+
+    def _not_allowed(self) -> None:
+        if not self._discard_body():
             self.close_connection = True
         self._error(
             405,

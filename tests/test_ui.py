@@ -11,6 +11,7 @@ non-loopback host without a token).
 
 from __future__ import annotations
 
+import errno
 import http.client
 import importlib.resources
 import json
@@ -640,7 +641,7 @@ def test_malformed_and_cross_site_requests(filled: fp.Ledger, target: str) -> No
         huge = request(srv, "/api/stream?after=99999999999999999999999")
         assert huge.status == 400
         assert huge.header("Content-Type").startswith("application/json")
-        assert "resume after" in huge.json()["error"]
+        assert "after must be an event seq" in huge.json()["error"]
 
 
 def _raw(srv: server.DashboardServer, data: bytes) -> bytes:
@@ -792,6 +793,91 @@ def test_ledger_errors_become_json(
         assert request(srv, "/api/meta").status == 200
     logged = capsys.readouterr().err
     assert "secret internals" in logged  # the server's own log has the details
+
+
+def test_bad_cursors_run_ids_and_seqs_are_400_on_every_call(filled: fp.Ledger, target: str) -> None:
+    """A malformed page cursor, a run id the ledger refuses and an event seq out of range are
+    each a 400 saying what is wrong, whichever call gets them and whatever else it is given;
+    every seq from 0 to 2**63-1 is accepted wherever a seq is."""
+    filled.start_run("wf", scope_key=None, steps=STEPS, run_id="r", force=True)
+    with served(target) as srv:
+        for path in ("/api/runs", "/api/leases"):
+            for cursor in ("1.2", "1", "x", "1.2.r.", "1.x.r"):
+                answer = request(srv, path, params={"after": cursor})
+                if cursor == "1.2.r.":  # a cursor whose run id holds a dot: well formed
+                    assert answer.status == 200, (path, cursor)
+                    continue
+                assert answer.status == 400, (path, cursor, answer.body)
+                assert answer.json()["error"] == f"not a page cursor: {cursor!r}"
+
+        nul = "r\x00"
+        calls = [
+            ("/api/events", {"run": nul}),
+            ("/api/events", {"run": nul, "after": "0"}),
+            ("/api/events", {"run": nul, "after": "5"}),
+            ("/api/stream", {"run": nul}),
+            ("/api/stream", {"run": nul, "after": "0"}),
+            ("/api/run", {"id": nul}),
+            ("/api/run/totals", {"run": nul, "part": "units"}),
+            ("/api/units", {"run": nul}),
+        ]
+        for path, params in calls:
+            answer = request(srv, path, params=params)
+            assert answer.status == 400, (path, params, answer.body)
+            assert "NUL" in answer.json()["error"], (path, params)
+        # A run that does not exist is no error for a tail: it may be about to start.
+        assert request(srv, "/api/events", params={"run": "later"}).status == 200
+        assert request(srv, "/api/stream?run=later", method="HEAD").status == 200
+
+        top = str(2**63 - 1)
+        assert get_json(srv, "/api/events", after=top)["events"] == []
+        assert get_json(srv, "/api/events", after=top, run="r")["events"] == []
+        assert request(srv, f"/api/stream?after={top}", method="HEAD").status == 200
+        assert request(srv, f"/api/stream?after={top}&run=r", method="HEAD").status == 200
+        resume = request(srv, "/api/stream", method="HEAD", headers={"Last-Event-ID": top})
+        assert resume.status == 200
+        for bad in (str(2**63), "-1", "+1", " 1", "1.5", "1_0", "\u0661", "9" * 5000):
+            for path, params, headers in (
+                ("/api/events", {"after": bad}, {}),
+                ("/api/events", {"after": bad, "run": "r"}, {}),
+                ("/api/stream", {"after": bad}, {}),
+                ("/api/stream", {}, {"Last-Event-ID": bad}),
+            ):
+                if headers and (not bad.isascii() or bad != bad.strip()):
+                    continue  # not sent as is: headers are ASCII, stripped of spaces
+                answer = request(srv, path, params=params, headers=headers, timeout=10)
+                assert answer.status == 400, (path, bad, answer.body[:200])
+                error = answer.json()["error"]
+                assert f"from 0 to {2**63 - 1}" in error, error
+                assert ("Last-Event-ID" if headers else "after") in error
+
+
+def test_a_port_in_use_is_an_error_about_the_port(target: str) -> None:
+    fp.Ledger.open(target).close()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match="in use") as raised:
+            server.make_server(target, port=port)
+        assert raised.value.errno == errno.EADDRINUSE
+        done = cli("ui", "--db", target, "--port", str(port), timeout=30)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == (
+        f"fencepost: error: cannot listen on 127.0.0.1:{port}: Address already in use; "
+        "pass another --host or --port (--port 0: any free port)\n"
+    )
+    hosts = [("name.invalid", ["--token", "t"])]
+    try:
+        socket.getaddrinfo("localhost.", 0)
+    except OSError:  # it resolves on some systems, and would then serve
+        hosts.append(("localhost.", []))
+    for host, extra in hosts:
+        unknown = cli("ui", "--db", target, "--host", host, "--port", "0", *extra, timeout=30)
+        assert unknown.returncode == 2, unknown.stderr
+        assert unknown.stderr.startswith(f"fencepost: error: cannot listen on {host}:0: ")
+        assert unknown.stderr.count("\n") == 1, unknown.stderr
 
 
 def test_a_missing_ledger_is_not_created(tmp_path: pathlib.Path) -> None:

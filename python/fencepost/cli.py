@@ -248,7 +248,12 @@ def cmd_ui(args: argparse.Namespace, out: TextIO) -> int:
     try:
         server = ui.make_server(args.db, host=args.host, port=args.port, token=token)
     except OSError as e:
-        raise Refused(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
+        # A port in use or a host that does not resolve: the user's to change, so a usage
+        # error, not a refusal of the ledger's.
+        usage(
+            f"cannot listen on {args.host}:{args.port}: {e.strerror or e}; pass another "
+            "--host or --port (--port 0: any free port)"
+        )
     url = server.url + (f"?token={urllib.parse.quote(token, safe='')}" if token else "")
     out.write(f"fencepost ui: {server.dashboard.ledger.target} (read-only)\n")
     out.write(f"serving on {url}  (Ctrl-C stops)\n")

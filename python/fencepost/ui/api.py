@@ -25,6 +25,7 @@ from fencepost._format import iso
 __all__ = [
     "PAGE_DEFAULT",
     "PAGE_MAX",
+    "SEQ_MAX",
     "ApiError",
     "EventFeed",
     "RunTotals",
@@ -37,7 +38,9 @@ __all__ = [
     "leases_page",
     "meta",
     "one",
+    "parse_seq",
     "run_detail",
+    "run_filter",
     "run_totals",
     "runs_page",
     "units_page",
@@ -47,6 +50,8 @@ Query = Mapping[str, Sequence[str]]
 
 PAGE_DEFAULT = 50
 PAGE_MAX = 200
+# The largest event seq a read may start after: the ledger's seq is a signed 64-bit integer.
+SEQ_MAX = 2**63 - 1
 # The most attempts shown per unit: its latest ones (a unit retried without end stays one row).
 ATTEMPTS_SHOWN = 20
 # Children listed on a run's page; the total is given beside them.
@@ -117,6 +122,28 @@ def _int(query: Query, name: str, default: int, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ApiError(400, f"{name} must be from {low} to {high}, not {value}")
     return value
+
+
+def parse_seq(text: str, name: str) -> int:
+    """An event seq to read after, from ``name`` (a query field or a header): digits only,
+    0 to :data:`SEQ_MAX`, the same rule for the event pages and the stream."""
+    digits = text.lstrip("0")
+    # The length first: int() refuses a string of thousands of digits with a ValueError.
+    if not (text.isascii() and text.isdigit()) or len(digits) > 19 or int(text) > SEQ_MAX:
+        raise ApiError(
+            400, f"{name} must be an event seq, a whole number from 0 to {SEQ_MAX}, not {text!r}"
+        )
+    return int(text)
+
+
+def run_filter(ledger: fp.Ledger, query: Query) -> str | None:
+    """The run (``run``) that events are read for, if any, checked by the ledger's own rules
+    (one read by primary key): an id the ledger refuses is a 400 whether or not the call goes
+    on to read with it. A run that does not exist (yet) is no error: a tail may wait for it."""
+    run_id = one(query, "run") or None
+    if run_id is not None:
+        ledger.get_run(run_id)
+    return run_id
 
 
 def flag(query: Query, name: str) -> bool:
@@ -282,9 +309,11 @@ def _after_run(cursor: str | None) -> fp.Run | None:
         return None
     parts = cursor.split(".", 2)
     try:
+        if len(parts) != 3:
+            raise ValueError(cursor)
         updated, created = int(parts[0]), int(parts[1])
         at = fp.models.from_ms(updated), fp.models.from_ms(created)
-    except (ValueError, IndexError, OverflowError, fp.InvalidArgument):
+    except (ValueError, OverflowError, fp.InvalidArgument):
         raise ApiError(400, f"not a page cursor: {cursor!r}") from None
     return fp.Run(
         run_id=parts[2], workflow_ref="", workflow_name="", scope_key=None, status="completed",
@@ -518,7 +547,7 @@ def events_page(ledger: fp.Ledger, query: Query, head_hint: int = 0) -> dict[str
     page follows the stream from the head: a run's backlog from an arbitrary point would walk
     its whole history)."""
     limit = _limit(query)
-    run_id = one(query, "run") or None
+    run_id = run_filter(ledger, query)
     after_text = one(query, "after")
     head = head_seq(ledger, head_hint)
     if after_text is None or after_text == "":
@@ -526,7 +555,7 @@ def events_page(ledger: fp.Ledger, query: Query, head_hint: int = 0) -> dict[str
             return {"events": [], "after": head, "head": head}
         after = max(0, head - limit)
     else:
-        after = _int(query, "after", 0, 0, 2**62)
+        after = parse_seq(after_text, "after")
         if run_id is not None and not _is_event_of(ledger, after, run_id):
             # The run's index is entered at one of its own events (or its start); from any
             # other seq it walks the run's history, so read the log and keep the run's.

@@ -49,8 +49,6 @@ MAX_STREAMS = 16
 # How long one wait of a stream lasts: the most a stream takes to notice a shutdown. Each wait
 # queries once when it starts, so this is also an idle stream's query rate.
 STREAM_WAIT_S = 1.0
-# The largest event seq a stream resumes after (the ledger's seq is a 64-bit integer).
-MAX_SEQ = (1 << 62) - 1
 # A comment line this often keeps proxies and the browser from timing an idle stream out.
 KEEPALIVE_S = 15.0
 STATIC = {
@@ -211,13 +209,14 @@ class DashboardServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], dashboard: Dashboard) -> None:
         self.dashboard = dashboard
+        # Made before binding: a failed bind calls server_close, which looks at it.
+        self.counting = threading.Thread(
+            target=dashboard.keep_counting, name="fencepost-ui-throughput", daemon=True
+        )
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
         dashboard.port = int(self.server_address[1])
-        self.counting = threading.Thread(
-            target=dashboard.keep_counting, name="fencepost-ui-throughput", daemon=True
-        )
 
     @property
     def url(self) -> str:
@@ -529,17 +528,11 @@ class Handler(BaseHTTPRequestHandler):
         after ``Last-Event-ID`` (what EventSource sends on reconnecting) or ``after``; without
         either, from now. Ends when the client goes away or the server stops."""
         app = self.app
-        run_id = api.one(query, "run") or None
-        resume = self.headers.get("Last-Event-ID") or api.one(query, "after")
+        run_id = api.run_filter(app.ledger, query)
+        header = self.headers.get("Last-Event-ID")
+        resume, name = (header, "Last-Event-ID") if header else (api.one(query, "after"), "after")
         if resume:
-            try:
-                after = int(resume)
-            except ValueError:
-                raise api.ApiError(
-                    400, f"the event id to resume after is not a seq: {resume!r}"
-                ) from None
-            if not 0 <= after <= MAX_SEQ:
-                raise api.ApiError(400, f"the event id to resume after must be 0 to {MAX_SEQ}")
+            after = api.parse_seq(resume, name)
         else:
             after = api.head_seq(app.ledger, app.head_hint())
             app.saw_head(after)

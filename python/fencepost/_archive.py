@@ -16,7 +16,7 @@ import gzip
 import io
 import os
 from collections.abc import Callable, Iterator
-from typing import BinaryIO, TypeAlias
+from typing import BinaryIO, Protocol, TypeAlias
 
 from fencepost.errors import InvalidArgument
 
@@ -48,8 +48,25 @@ def cutoff(older_than: object) -> tuple[int | None, int | None]:
     )
 
 
+MAX_LINE_BYTES = 64 * 1024 * 1024
+"""The longest archive line ``restore`` reads by default: each line is one run tree, and this
+one holds a tree of about 150 000 attempts. A longer line is refused after reading this many
+bytes of it, never whole; ``restore(max_line_bytes=...)`` raises the bound for an archive of
+larger trees (it takes about five times the line in memory while the line is checked)."""
+
+
 def _is_path(archive: object) -> bool:
     return isinstance(archive, (str, os.PathLike))
+
+
+def _refuse_text(archive: object, mode: str) -> None:
+    """An archive is bytes (gzip or JSON lines): a file opened in text mode cannot carry it."""
+    if isinstance(archive, io.TextIOBase):
+        raise InvalidArgument(
+            f"archive is a text file ({type(archive).__name__}); open it in binary mode "
+            f"(open(path, {mode!r})) or pass the path",
+            argument="archive",
+        )
 
 
 @contextlib.contextmanager
@@ -59,6 +76,7 @@ def writer(archive: Archive, *, dry_run: bool) -> Iterator[Callable[[bytes], Non
         yield lambda _lines: None
         return
     if not _is_path(archive):
+        _refuse_text(archive, "wb")
         if not callable(getattr(archive, "write", None)):
             raise InvalidArgument(
                 f"archive must be a path or a binary file opened for writing, not "
@@ -102,8 +120,17 @@ def writer(archive: Archive, *, dry_run: bool) -> Iterator[Callable[[bytes], Non
         raw.close()
 
 
-def reader(archive: Archive) -> Callable[[], Iterator[bytes]]:
+def reader(archive: Archive, max_line_bytes: int = MAX_LINE_BYTES) -> Callable[[], Iterator[bytes]]:
     """A callable returning a fresh iterator of the archive's lines (the core reads twice)."""
+    if (
+        isinstance(max_line_bytes, bool)
+        or not isinstance(max_line_bytes, int)
+        or max_line_bytes < 1024
+    ):
+        raise InvalidArgument(
+            f"max_line_bytes must be an int of at least 1024 (bytes), not {max_line_bytes!r}",
+            argument="max_line_bytes",
+        )
     if _is_path(archive):
         path = os.fspath(archive)  # type: ignore[arg-type]
         if not os.path.isfile(path):
@@ -111,9 +138,10 @@ def reader(archive: Archive) -> Callable[[], Iterator[bytes]]:
 
         def from_path() -> Iterator[bytes]:
             with open(path, "rb") as raw:
-                yield from _lines(raw)
+                yield from _lines(raw, max_line_bytes)
 
         return from_path
+    _refuse_text(archive, "rb")
     if not callable(getattr(archive, "read", None)):
         raise InvalidArgument(
             f"archive must be a path or a binary file opened for reading, not "
@@ -129,21 +157,47 @@ def reader(archive: Archive) -> Callable[[], Iterator[bytes]]:
 
     def from_stream() -> Iterator[bytes]:
         stream.seek(start)
-        yield from _lines(stream)
+        yield from _lines(stream, max_line_bytes)
 
     return from_stream
 
 
-def _lines(raw: BinaryIO) -> Iterator[bytes]:
+class _Readlines(Protocol):
+    """What a line source needs: a file or a ``GzipFile``."""
+
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+
+def _lines(raw: BinaryIO, max_line_bytes: int) -> Iterator[bytes]:
     head = raw.read(2)
     raw.seek(-len(head), io.SEEK_CUR)
     if head == _GZIP_MAGIC:
         try:
             with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
-                yield from unzipped
+                yield from _bounded(unzipped, max_line_bytes)
         except (OSError, EOFError) as e:
             raise InvalidArgument(
                 f"archive is a damaged gzip file ({e}); nothing was restored", argument="archive"
             ) from None
     else:
-        yield from raw
+        yield from _bounded(raw, max_line_bytes)
+
+
+def _bounded(lines: _Readlines, max_line_bytes: int) -> Iterator[bytes]:
+    """Each line, read with a bound: a line longer than ``max_line_bytes`` is refused once that
+    many bytes of it are in, so a small gzip that expands to one huge line costs the bound, not
+    the line."""
+    number = 0
+    while True:
+        line = lines.readline(max_line_bytes + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > max_line_bytes:
+            raise InvalidArgument(
+                f"line {number} of the archive is longer than {max_line_bytes} bytes, the most "
+                "restore reads in one line (one run tree); pass max_line_bytes= a larger bound "
+                "if the archive is yours and holds a tree that large; nothing was restored",
+                argument="archive",
+            )
+        yield line

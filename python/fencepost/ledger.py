@@ -53,18 +53,56 @@ Durability = Literal["normal", "full"]
 
 
 def _refs(value: str | Iterable[str] | None, argument: str) -> list[str] | None:
-    """One str or an iterable of them as a list (the core checks each item)."""
+    """One str or an iterable of them as a list (the core checks each item's content).
+
+    Every argument that takes names (refs, statuses, event types) comes through here, so each
+    item is checked to be a str here too: bytes are iterable, and ``list(b"ab")`` is a list of
+    ints, which the core could only call "not a str" with no word of the bytes given."""
     if value is None:
         return None
     if isinstance(value, str):
         return [value]
+    expected = f"{argument} must be a str or an iterable of str"
+    if isinstance(value, bytes | bytearray | memoryview):
+        raise InvalidArgument(
+            f"{expected}, not {type(value).__name__}: decode it first", argument=argument
+        )
     try:
-        return list(value)
+        items = list(value)
     except TypeError:
         raise InvalidArgument(
-            f"{argument} must be a str or an iterable of str, not {type(value).__name__}",
-            argument=argument,
+            f"{expected}, not {type(value).__name__}", argument=argument
         ) from None
+    for index, item in enumerate(items):
+        if not isinstance(item, str):
+            raise InvalidArgument(
+                f"{expected}; item {index} is a {type(item).__name__}", argument=argument
+            )
+    return items
+
+
+def _after_run(after: object) -> tuple[int, int, str] | None:
+    """``list_runs``' cursor: the position (updated, created, run id) of the ``Run`` given."""
+    if after is None:
+        return None
+    what = "after must be the last Run of the page before"
+    if not isinstance(after, Run):
+        raise InvalidArgument(f"{what}, not {type(after).__name__}", argument="after")
+    for field in ("updated_at", "created_at"):
+        value = getattr(after, field)
+        if not isinstance(value, _dt.datetime) or value.utcoffset() is None:
+            shown = "a naive datetime" if isinstance(value, _dt.datetime) else repr(value)
+            raise InvalidArgument(
+                f"{what}: its {field} is {shown}, not an aware datetime; pass a Run the "
+                "ledger returned (its times are UTC)",
+                argument="after",
+            )
+    if not isinstance(after.run_id, str):
+        raise InvalidArgument(
+            f"{what}: its run_id is a {type(after.run_id).__name__}, not a str",
+            argument="after",
+        )
+    return to_ms(after.updated_at), to_ms(after.created_at), after.run_id
 
 
 def redact_target(target: str) -> str:
@@ -344,11 +382,7 @@ class Ledger:
         left out unless ``include_children``. ``limit`` (1 to 10 000) makes it a page: pass
         the page's last run as ``after`` for the next one (an empty page is the end). Each
         page is read by index, so page 1 000 costs what page 1 does."""
-        if after is not None and not isinstance(after, Run):
-            raise InvalidArgument(
-                f"after must be the last Run of the page before, not {type(after).__name__}",
-                argument="after",
-            )
+        cursor = _after_run(after)
         return self._core.list_runs(
             {
                 "all_scopes": isinstance(scope_key, _AllScopes),
@@ -358,9 +392,9 @@ class Ledger:
                 "include_children": include_children,
                 "statuses": _refs(status, "status"),
                 "limit": limit,
-                "after_updated_ms": None if after is None else to_ms(after.updated_at),
-                "after_created_ms": None if after is None else to_ms(after.created_at),
-                "after_run_id": None if after is None else after.run_id,
+                "after_updated_ms": None if cursor is None else cursor[0],
+                "after_created_ms": None if cursor is None else cursor[1],
+                "after_run_id": None if cursor is None else cursor[2],
             }
         )
 
@@ -777,16 +811,29 @@ class Ledger:
         return pruned
 
     def restore(
-        self, archive: _archive.Archive, *, progress: Callable[[int], None] | None = None
+        self,
+        archive: _archive.Archive,
+        *,
+        progress: Callable[[int], None] | None = None,
+        max_line_bytes: int = _archive.MAX_LINE_BYTES,
     ) -> int:
         """Put back the run trees of an archive ``prune`` wrote (a path or a binary file, gzip
-        or not); the number of runs restored. The whole archive is checked first: a truncated
-        or foreign file, or a run id that exists in the ledger, is ``InvalidArgument`` and
-        nothing is written. Rows come back exactly as they were, events with their ``seq``.
-        An archive written before a column was added restores with the value the schema's
-        migration gave older rows (0 for a lease's counts, no trace context).
-        ``progress`` is called with the runs restored so far."""
-        return self._core.restore(_archive.reader(archive), progress=progress)
+        or not); the number of runs restored.
+
+        All or nothing: the whole archive is checked first, with the rules the API applies
+        to what it writes (canonical JSON, text, timestamps, statuses with their finish times,
+        gap-free revisions, references within each tree) and against the ledger (a run id,
+        event seq, dispatch id or idempotency key it holds already), then every tree is
+        inserted in one transaction. Any refusal is ``InvalidArgument`` naming the line, the
+        tree and the field, and leaves the ledger exactly as it was; so does a crash or
+        ``kill -9`` part way (the transaction never commits). On SQLite the write lock is held
+        while the trees are inserted. Rows come back exactly as they were, events with their
+        ``seq``. An archive written before a column was added restores with the value the
+        schema's migration gave older rows (0 for a lease's counts, no trace context); one
+        written by a newer schema is refused. Lines (one run tree each) are read up to
+        ``max_line_bytes`` (64 MiB by default). ``progress`` is called with the runs inserted
+        so far (every few hundred, and once with the total after the commit)."""
+        return self._core.restore(_archive.reader(archive, max_line_bytes), progress=progress)
 
     def vacuum(self) -> None:
         """Rewrite the database compactly: SQLite ``VACUUM`` (which also turns on the

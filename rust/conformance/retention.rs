@@ -6,8 +6,8 @@ use crate::attempts;
 use crate::canonical::Json;
 use crate::errors::LedgerError;
 use crate::params;
-use crate::retention::archive::{self, Cell, Tree};
-use crate::retention::{existing_runs, insert_trees, PruneReport, PruneSpec, Pruner, Reader};
+use crate::retention::archive::{self, Cell};
+use crate::retention::{BytesLines, PruneReport, PruneSpec, Pruner};
 use crate::runs::{self, ChildRun, StepSpec};
 use crate::store::{Sql, Store};
 
@@ -112,21 +112,7 @@ fn prune(store: &mut dyn Store, cutoff: i64, archive: Option<&mut Vec<u8>>) -> P
 }
 
 fn restore(store: &mut dyn Store, archive: &[u8]) -> crate::errors::Result<u64> {
-    let mut reader = Reader::new();
-    let mut trees: Vec<Tree> = Vec::new();
-    for line in archive.split_inclusive(|b| *b == b'\n') {
-        trees.extend(reader.read(line)?);
-    }
-    reader.finish()?;
-    let ids: Vec<String> = trees
-        .iter()
-        .flat_map(|t| t.run_ids().into_iter().map(str::to_owned))
-        .collect();
-    let existing = existing_runs(store, &ids)?;
-    if let Some(id) = existing.first() {
-        return Err(LedgerError::invalid("archive", format!("run {id} exists")));
-    }
-    insert_trees(store, &trees)
+    crate::retention::restore(store, &mut BytesLines::new(archive), &mut |_| Ok(()))
 }
 
 fn prune_takes_whole_terminal_trees(store: &mut dyn Store) {

@@ -300,7 +300,7 @@ pub fn statements(t: &Table) -> &'static TableSql {
 }
 
 /// One stored value, owned: what a row's cell holds in an archive and binds back on restore.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Cell {
     /// NULL.
     Null,
@@ -319,6 +319,18 @@ impl ToSql for Cell {
             Self::Int(v) => SqlValue::Int(*v),
             Self::Text(s) => SqlValue::Text(s),
             Self::Bytes(b) => SqlValue::Blob(b),
+        }
+    }
+}
+
+/// As a message shows a cell: NULL, a number, quoted text.
+impl std::fmt::Display for Cell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Null => f.write_str("NULL"),
+            Self::Int(v) => write!(f, "{v}"),
+            Self::Text(s) => write!(f, "{s:?}"),
+            Self::Bytes(b) => write!(f, "{} bytes", b.len()),
         }
     }
 }

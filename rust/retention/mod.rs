@@ -19,12 +19,13 @@
 
 pub mod archive;
 mod restore;
+mod rules;
 pub(crate) mod sql;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
-pub use restore::{existing_runs, insert_trees, Reader};
+pub use restore::{check_ledger, restore, BytesLines, Lines, Reader};
 
 use crate::errors::{LedgerError, Result};
 use crate::events::json_array;

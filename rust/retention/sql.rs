@@ -47,6 +47,44 @@ pub const TREE_SQL: Sql = Sql::split(
     SELECT root, run_id, CAST(depth AS BIGINT) FROM tree",
 );
 
+/// Which event seqs of the JSON array `?1` (decimal strings) the log holds: restore refuses
+/// them, as it never renumbers an event. Probes of the primary key.
+pub const EXISTING_SEQS_SQL: Sql = Sql::split(
+    "SELECT CAST(seq AS TEXT) FROM events
+    WHERE seq IN (SELECT CAST(value AS INTEGER) FROM json_each(?1))",
+    "SELECT CAST(seq AS TEXT) FROM events
+    WHERE seq = ANY (ARRAY(SELECT CAST(json_array_elements_text(CAST(?1 AS TEXT)::json) AS BIGINT)))",
+);
+
+/// Which dispatch ids of `?1` an attempt holds (the unique index on `dispatch_id`).
+pub const EXISTING_DISPATCH_IDS_SQL: Sql = Sql::split(
+    "SELECT dispatch_id FROM attempts WHERE dispatch_id IN (SELECT value FROM json_each(?1))",
+    "SELECT dispatch_id FROM attempts
+    WHERE dispatch_id = ANY (ARRAY(SELECT json_array_elements_text(CAST(?1 AS TEXT)::json)))",
+);
+
+/// Which idempotency keys of `?1` an event holds. `IS NOT NULL` names the partial unique
+/// index's condition, so both planners probe that index.
+pub const EXISTING_IDEMPOTENCY_KEYS_SQL: Sql = Sql::split(
+    "SELECT idempotency_key FROM events
+    WHERE idempotency_key IS NOT NULL AND idempotency_key IN (SELECT value FROM json_each(?1))",
+    "SELECT idempotency_key FROM events
+    WHERE idempotency_key IS NOT NULL
+      AND idempotency_key = ANY (ARRAY(SELECT json_array_elements_text(CAST(?1 AS TEXT)::json)))",
+);
+
+/// After restoring events numbered up to `?1`, the next event must still be numbered above
+/// every one. SQLite numbers it max(seq) + 1 by itself. PostgreSQL draws from the identity's
+/// sequence, which an explicit seq does not move: it is set forward (never back) when the
+/// archive's highest seq is past what it last handed out. `setval` is not transactional: a
+/// restore that rolls back leaves a gap in the numbers, never a repeat.
+pub const CONTINUE_SEQ_SQL: Sql = Sql::split(
+    "SELECT ?1",
+    "SELECT setval(s, CAST(?1 AS BIGINT))
+    FROM (SELECT CAST(pg_get_serial_sequence('events', 'seq') AS regclass) AS s) q
+    WHERE CAST(?1 AS BIGINT) > coalesce(pg_sequence_last_value(s), 0)",
+);
+
 /// The state of each run in `?1`, read after locking them on PostgreSQL (a late write on one
 /// of them waits for the prune, then finds the run gone). In run id order, the order every
 /// multi-run lock is taken in.

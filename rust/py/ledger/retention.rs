@@ -5,18 +5,16 @@
 //!
 //! The archive's file is Python's (the facade opens it, gzip or not): the core hands each
 //! batch's lines to `sink` and reads an archive through `lines`, a callable returning a fresh
-//! iterator of lines, called twice (check everything, then insert).
+//! iterator of lines, called twice (check everything, then insert every tree in one
+//! transaction).
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyIterator};
 
 use super::PyLedger;
 use crate::errors::LedgerError;
 use crate::py::errors::to_pyerr;
-use crate::retention::{self, PruneReport, PruneSpec, Pruner, Reader};
-
-/// Trees whose rows reach this many go to the database in one restore transaction.
-const RESTORE_ROWS: usize = 20_000;
+use crate::retention::{self, Lines, PruneReport, PruneSpec, Pruner};
 
 /// A Python callback's failure, kept to be raised as itself once the transaction is rolled
 /// back (the core sees only that the sink failed).
@@ -137,85 +135,104 @@ impl PyLedger {
         report(py, pruner.report())
     }
 
-    /// See the facade's `restore`: `lines()` twice, checking then inserting.
+    /// See the facade's `restore`: the core reads `lines()` twice (checking, then inserting in
+    /// one transaction), calling back into Python for each line.
     pub(super) fn restore_in(
         &self,
         py: Python<'_>,
         lines: &Bound<'_, PyAny>,
         progress: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
-        // First reading: every line checked, every run id collected; nothing written.
-        let mut reader = Reader::new();
-        let mut ids: Vec<String> = Vec::new();
-        for line in lines.call0()?.try_iter()? {
-            let line = line?;
-            let bytes = line.cast::<PyBytes>()?.as_bytes();
-            if let Some(tree) = reader.read(bytes).map_err(|e| to_pyerr(py, e))? {
-                ids.extend(tree.run_ids().into_iter().map(str::to_owned));
-            }
-        }
-        reader.finish().map_err(|e| to_pyerr(py, e))?;
-        let existing = py
-            .detach(|| {
-                self.writer()?
-                    .with_store(|s| retention::existing_runs(s, &ids))
-            })
-            .map_err(|e| to_pyerr(py, e))?;
-        if !existing.is_empty() {
-            let shown: Vec<&str> = existing.iter().take(5).map(String::as_str).collect();
-            return Err(to_pyerr(
-                py,
-                LedgerError::invalid(
-                    "archive",
-                    format!(
-                        "{} of its runs exist in the ledger ({}{}); restore never overwrites a \
-                         run, so nothing was restored",
-                        existing.len(),
-                        shown.join(", "),
-                        if existing.len() > shown.len() {
-                            ", ..."
-                        } else {
-                            ""
-                        }
-                    ),
-                ),
-            ));
-        }
-        // Second reading: insert, a bounded batch of trees per transaction.
-        let mut reader = Reader::new();
-        let mut batch = Vec::new();
-        let mut rows = 0;
-        let mut restored = 0;
-        let mut flush = |batch: &mut Vec<retention::archive::Tree>| -> PyResult<()> {
-            if batch.is_empty() {
+        let failed: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
+        let mut source = PyLines {
+            open: lines.clone().unbind(),
+            now: None,
+            failed: &failed,
+            read: 0,
+        };
+        let progress = progress.map(|p| p.clone().unbind());
+        let mut shown = 0;
+        let mut report = |runs: u64| -> crate::errors::Result<()> {
+            // The callback sees a count every few hundred runs, not every tree.
+            if runs < shown + PROGRESS_RUNS {
                 return Ok(());
             }
-            restored += py
-                .detach(|| {
-                    self.writer()?
-                        .with_store(|s| retention::insert_trees(s, batch))
-                })
-                .map_err(|e| to_pyerr(py, e))?;
-            batch.clear();
-            if let Some(progress) = progress {
-                progress.call1((restored,))?;
-            }
-            py.check_signals()
+            shown = runs;
+            Python::attach(|py| match &progress {
+                Some(p) => p.call1(py, (runs,)).map(|_| ()),
+                None => Ok(()),
+            })
+            .map_err(|e| python_failed(&failed, e))
         };
-        for line in lines.call0()?.try_iter()? {
-            let line = line?;
-            let bytes = line.cast::<PyBytes>()?.as_bytes();
-            if let Some(tree) = reader.read(bytes).map_err(|e| to_pyerr(py, e))? {
-                rows += tree.rows.iter().map(|(_, r)| r.len()).sum::<usize>();
-                batch.push(tree);
-                if rows >= RESTORE_ROWS {
-                    flush(&mut batch)?;
-                    rows = 0;
-                }
-            }
+        let restored = py.detach(|| {
+            self.writer()?
+                .with_store(|s| retention::restore(s, &mut source, &mut report))
+        });
+        if let Some(e) = take(&failed) {
+            return Err(e);
         }
-        reader.finish().map_err(|e| to_pyerr(py, e))?;
-        flush(&mut batch)?;
+        let restored = restored.map_err(|e| to_pyerr(py, e))?;
+        if let Some(p) = &progress {
+            p.call1(py, (restored,))?;
+        }
         Ok(restored)
+    }
+}
+
+/// Runs between two calls of restore's progress callback.
+const PROGRESS_RUNS: u64 = 500;
+
+/// Keep a Python exception to raise as itself once the store has rolled back; the core sees
+/// only that reading stopped.
+fn python_failed(failed: &std::sync::Mutex<Option<PyErr>>, e: PyErr) -> LedgerError {
+    *failed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+    LedgerError::StoreError {
+        operation: "reading the archive".into(),
+        message: "the archive's file failed".into(),
+    }
+}
+
+/// The facade's line source: `open()` returns a fresh iterator of byte lines. Every line
+/// attaches to the interpreter (the store call runs detached), and every few thousand lines
+/// Ctrl-C is looked for, so a long restore can be stopped (and rolls back).
+struct PyLines<'a> {
+    open: Py<PyAny>,
+    now: Option<Py<PyAny>>,
+    failed: &'a std::sync::Mutex<Option<PyErr>>,
+    read: u64,
+}
+
+impl Lines for PyLines<'_> {
+    fn rewind(&mut self) -> crate::errors::Result<()> {
+        let failed = self.failed;
+        self.now = Some(
+            Python::attach(|py| {
+                let it = self.open.call0(py)?;
+                Ok::<_, PyErr>(it.bind(py).try_iter()?.into_any().unbind())
+            })
+            .map_err(|e| python_failed(failed, e))?,
+        );
+        Ok(())
+    }
+
+    fn next_line(&mut self) -> crate::errors::Result<Option<Vec<u8>>> {
+        let Some(now) = &self.now else {
+            return Ok(None);
+        };
+        self.read += 1;
+        let check = self.read % 4096 == 0;
+        Python::attach(|py| {
+            if check {
+                py.check_signals()?;
+            }
+            let it = now.bind(py).cast::<PyIterator>()?.clone();
+            match it.into_iter().next() {
+                None => Ok(None),
+                Some(line) => Ok(Some(line?.cast::<PyBytes>()?.as_bytes().to_vec())),
+            }
+        })
+        .map_err(|e: PyErr| python_failed(self.failed, e))
     }
 }

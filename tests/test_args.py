@@ -5,6 +5,8 @@ value or clock is a ``fencepost`` error naming the argument, with nothing writte
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -147,6 +149,71 @@ def test_bad_python_values_are_invalid_arguments(ledger: fp.Ledger) -> None:
     assert info.value.argument == "units"
     with pytest.raises(fp.InvalidArgument, match="unknown key of type int"):
         ledger.reserve_attempts(run.run_id, [{"unit_id": "u2", 7: 1}])
+
+
+def test_names_as_bytes_or_other_items_are_refused_naming_the_argument(
+    ledger: fp.Ledger,
+) -> None:
+    """Every argument that takes one name or several (refs, statuses, event types) refuses
+    bytes (iterable, but of ints) and an item that is not a str, saying which argument and
+    what it takes: never "must be a str, not int" for bytes it was given."""
+    run = ledger.start_run("wf", scope_key=None, force=True, steps=STEPS, run_id="r1")
+    before = ledger.events()
+    calls: dict[str, Any] = {
+        "guard_refs": lambda v: ledger.start_run("wf2", scope_key="s", steps=STEPS, guard_refs=v),
+        "workflow_refs": lambda v: ledger.list_runs(workflow_refs=v),
+        "status": lambda v: ledger.list_runs(status=v),
+        "workflow_names": lambda v: ledger.claim_next("c", lease_ms=1000, workflow_names=v),
+        "types": lambda v: ledger.events(types=v),
+    }
+    also = [
+        ("workflow_refs", lambda v: ledger.find_active_run(v, "s")),
+        ("workflow_refs", lambda v: ledger.find_active_run_outside_scope(v, "s")),
+        ("types", lambda v: ledger.wait_events(types=v, timeout_s=0)),
+        ("statuses", lambda v: ledger.prune(older_than=dt.timedelta(0), statuses=v)),
+    ]
+    for argument, call in [*calls.items(), *also]:
+        for bad, says in [
+            (b"x", "not bytes: decode it first"),
+            (bytearray(b"x"), "not bytearray: decode it first"),
+            (memoryview(b"x"), "not memoryview: decode it first"),
+            ([b"completed"], "item 0 is of type bytes"),
+            (("a", 1), "item 1 is of type int"),
+        ]:
+            with pytest.raises(fp.InvalidArgument) as info:
+                call(bad)
+            assert info.value.argument == argument, (argument, bad, info.value)
+            message = str(info.value)
+            assert message.startswith(f"{argument} must be a str or an iterable of str"), message
+            assert says in message, message
+    assert [r.run_id for r in ledger.list_runs()] == [run.run_id]
+    assert ledger.events() == before
+
+
+def test_a_page_cursor_with_naive_or_foreign_times_is_refused(ledger: fp.Ledger) -> None:
+    """``list_runs(after=)`` takes the last Run of a page; one built by hand with times that
+    name no instant is an InvalidArgument on ``after``, not a TypeError from the arithmetic."""
+    run = ledger.start_run("wf", scope_key=None, force=True, steps=STEPS, run_id="r1")
+    naive = run.updated_at.replace(tzinfo=None)
+    bad_runs = [
+        (dataclasses.replace(run, updated_at=naive), "updated_at is a naive datetime"),
+        (dataclasses.replace(run, created_at=naive), "created_at is a naive datetime"),
+        (dataclasses.replace(run, updated_at=run.updated_at.isoformat()), "updated_at is '"),
+        (dataclasses.replace(run, run_id=7), "run_id is of type int, not str"),
+    ]
+    for bad, says in bad_runs:
+        with pytest.raises(fp.InvalidArgument, match="after must be the last Run") as info:
+            ledger.list_runs(after=bad, limit=10)
+        assert info.value.argument == "after"
+        assert says in str(info.value), str(info.value)
+    # The same cursor with aware times in any zone pages as the ledger's own Run does.
+    elsewhere = dt.timezone(dt.timedelta(hours=5))
+    moved = dataclasses.replace(
+        run,
+        updated_at=run.updated_at.astimezone(elsewhere),
+        created_at=run.created_at.astimezone(elsewhere),
+    )
+    assert ledger.list_runs(after=moved, limit=10) == ledger.list_runs(after=run, limit=10) == []
 
 
 @pytest.mark.parametrize("bad", [2**62, -(10**15), -1, 253_402_300_799_999])

@@ -76,7 +76,7 @@ def _refs(value: str | Iterable[str] | None, argument: str) -> list[str] | None:
     for index, item in enumerate(items):
         if not isinstance(item, str):
             raise InvalidArgument(
-                f"{expected}; item {index} is a {type(item).__name__}", argument=argument
+                f"{expected}; item {index} is of type {type(item).__name__}", argument=argument
             )
     return items
 
@@ -99,7 +99,7 @@ def _after_run(after: object) -> tuple[int, int, str] | None:
             )
     if not isinstance(after.run_id, str):
         raise InvalidArgument(
-            f"{what}: its run_id is a {type(after.run_id).__name__}, not a str",
+            f"{what}: its run_id is of type {type(after.run_id).__name__}, not str",
             argument="after",
         )
     return to_ms(after.updated_at), to_ms(after.created_at), after.run_id

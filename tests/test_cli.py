@@ -5,6 +5,7 @@ that a read command never creates a database."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import pathlib
 import sqlite3
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 import fencepost as fp
-from tests.conftest import cli, raw_db
+from tests.conftest import FakeClock, cli, fresh_target, raw_db
 
 
 def test_runs_show_events_leases(demo: tuple[pathlib.Path, dict[str, Any], str]) -> None:
@@ -166,3 +167,73 @@ def test_doctor_is_quick_unless_asked_for_the_full_check(tmp_path: pathlib.Path)
     assert not report["healthy"]
     text = cli("doctor", "--db", str(db)).stdout
     assert "(quick check)" in text
+
+
+def test_restore_creates_the_ledger_it_is_given(
+    target: str, tmp_path: pathlib.Path, clock: FakeClock
+) -> None:
+    """Restore is a write: into a ledger that does not exist yet it creates one, as
+    ``Ledger.open`` does (moving archived runs to a fresh database is what it is for)."""
+    archive = tmp_path / "k.jsonl.gz"
+    with fp.Ledger.open(target, clock=clock) as ledger:
+        ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True)
+        ledger.abandon_run("r1")
+        # The tree holding the newest event is never pruned: another run's start follows.
+        ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r2", force=True)
+        clock.advance(3_600_000)
+        assert ledger.prune(older_than=datetime.timedelta(minutes=1), archive=str(archive)).runs
+    kind = "postgres" if target.startswith("postgresql://") else "sqlite"
+    with fresh_target(kind, tmp_path / "new") as new:
+        (tmp_path / "new").mkdir()
+        done = cli("restore", str(archive), "--db", new)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == f"restored 1 runs from {archive}\n"
+        with fp.Ledger.open(new, create=False) as restored:
+            run = restored.get_run("r1")
+            assert run is not None
+            assert run.status == "cancelled"
+    # The read commands still refuse a missing ledger, and say which command creates one.
+    missing = tmp_path / "missing.db"
+    refused = cli("runs", "--db", str(missing))
+    assert refused.returncode == 1
+    assert "only restore creates one" in refused.stderr
+    assert not missing.exists()
+
+
+MALFORMED_URLS = ["postgresql:/broken", "postgres:/x", "postgresql//x", "postgres:x", "sqlite:x.db"]
+
+
+@pytest.mark.parametrize("url", MALFORMED_URLS)
+def test_a_malformed_url_is_a_usage_error_not_a_file(tmp_path: pathlib.Path, url: str) -> None:
+    """A --db that begins like a URL but is not one is a usage error naming the forms taken,
+    for the commands that create (restore) as for those that read; nothing is created where
+    the URL, read as a path, would have put a file."""
+    (tmp_path / "postgresql").mkdir()  # "postgresql//x" read as a path: postgresql/x
+    archive = tmp_path / "a.jsonl"
+    archive.write_text("")
+    for command in (["restore", str(archive)], ["runs"], ["doctor"], ["ui", "--port", "0"],
+                    ["prune", "--older-than", "1d"]):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "fencepost", *command, "--db", url],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False,
+        )  # fmt: skip
+        assert done.returncode == 2, (command, done.stderr)
+        assert done.stderr.startswith("fencepost: error: target beginning "), done.stderr
+        assert "'postgresql://user@host:port/db'" in done.stderr
+        assert done.stderr.count("\n") == 1
+        assert done.stdout == ""
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.jsonl", "postgresql"]
+
+
+def test_sqlite_urls_name_the_same_file_for_every_command(tmp_path: pathlib.Path) -> None:
+    """``sqlite:///rel.db`` is relative, ``sqlite:////abs.db`` absolute (SQLAlchemy's forms),
+    for the read commands' check for a missing file as for ``Ledger.open``."""
+    with fp.Ledger.open(str(tmp_path / "rel.db")) as ledger:
+        ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True)
+    for db in ("sqlite:///rel.db", f"sqlite:///{tmp_path / 'rel.db'}"):
+        done = subprocess.run(
+            [sys.executable, "-m", "fencepost", "runs", "--db", db, "--json"],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, (db, done.stderr)
+        assert [r["run_id"] for r in json.loads(done.stdout)] == ["r1"]

@@ -96,6 +96,32 @@ def test_bad_targets(target: Any) -> None:
     assert info.value.argument == "target"
 
 
+@pytest.mark.parametrize(
+    "target",
+    ["postgresql:/broken", "postgres:/x", "postgresql//x", "postgres//u:secret@h/db",
+     "postgresql:", "sqlite:x.db", "sqlite://x.db", "PostgreSQL:/x"],
+)  # fmt: skip
+@pytest.mark.parametrize("create", [True, False])
+def test_a_mistyped_url_is_refused_not_taken_for_a_file(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, target: str, create: bool
+) -> None:
+    """A target that begins like a URL this library reads but is not one names the forms it
+    takes, quotes no more of itself than the scheme (the rest may hold a password), and
+    creates nothing, even where the text read as a path names a file that could be made."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "postgresql").mkdir()
+    (tmp_path / "postgres").mkdir()
+    with pytest.raises(fp.InvalidArgument) as info:
+        fp.Ledger.open(target, create=create)
+    assert info.value.argument == "target"
+    message = str(info.value)
+    assert message.startswith("target beginning ")
+    assert "'postgresql://user@host:port/db'" in message
+    assert "'sqlite:///path'" in message
+    assert "secret" not in message
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["postgres", "postgresql"]
+
+
 def test_close_is_idempotent_and_closed_ledger_refuses(tmp_path: pathlib.Path) -> None:
     ledger = fp.Ledger.open(str(tmp_path / "c.db"))
     ledger.close()

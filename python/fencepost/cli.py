@@ -2,7 +2,8 @@
 
 Every command takes ``--db TARGET`` (default ``$FENCEPOST_DB``, else ``./fencepost.db``) and
 ``--json``. Exit codes: 0 ok, 1 refused (not found, ambiguous, a failed check), 2 usage error.
-Read commands never create a database: a missing file is an error, not an empty ledger.
+Only ``restore`` creates a ledger (as ``Ledger.open`` does); every other command needs one
+that exists: a missing file is an error, not an empty ledger.
 Standard library only (``argparse``): the wheel has no runtime dependencies.
 """
 
@@ -22,6 +23,7 @@ from typing import Any, NoReturn, TextIO
 import fencepost as fp
 from fencepost import _core, _doctor, demo
 from fencepost._format import iso, key_values, plain, table, write_json
+from fencepost.ledger import _parse_target
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 # The largest page a read returns (runs, units, events); larger reads page with a cursor.
@@ -36,15 +38,20 @@ def default_db() -> str:
     return os.environ.get("FENCEPOST_DB") or "fencepost.db"
 
 
-def open_existing(target: str) -> fp.Ledger:
-    """Open a ledger that must already exist (read commands create nothing)."""
-    path = target.removeprefix("sqlite://")
-    is_file = target != ":memory:" and not target.startswith(("postgresql://", "postgres://"))
-    if is_file and not pathlib.Path(path).is_file():
+def check_existing(target: str) -> None:
+    """Refuse a target that is malformed (``InvalidArgument``: a usage error) or a file that
+    does not exist, with a message that says how to name the ledger. Parsed as
+    ``Ledger.open`` parses it, so both agree on what is a file."""
+    path, _ = _parse_target(target)
+    if path is not None and not pathlib.Path(path).is_file():
         raise Refused(
-            f"no ledger at {path}; pass --db PATH or set FENCEPOST_DB "
-            "(read commands never create one)"
+            f"no ledger at {path}; pass --db PATH or set FENCEPOST_DB (only restore creates one)"
         )
+
+
+def open_existing(target: str) -> fp.Ledger:
+    """Open a ledger that must already exist (reads, prune and the dashboard create none)."""
+    check_existing(target)
     return fp.Ledger.open(target, create=False)
 
 
@@ -243,8 +250,7 @@ def cmd_ui(args: argparse.Namespace, out: TextIO) -> int:
             "Pass --token T (or set FENCEPOST_UI_TOKEN) and every request must carry it, or "
             "keep the default --host 127.0.0.1"
         )
-    if not args.db.startswith(("postgresql://", "postgres://")):
-        open_existing(args.db).close()  # the clear message for a missing file
+    check_existing(args.db)  # the clear message for a missing file
     try:
         server = ui.make_server(args.db, host=args.host, port=args.port, token=token)
     except OSError as e:
@@ -334,7 +340,8 @@ def cmd_prune(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_restore(args: argparse.Namespace, out: TextIO) -> int:
     show = _progress("restoring")
-    with open_existing(args.db) as ledger:
+    # A write: into a new ledger as into an existing one (an archive moves runs elsewhere).
+    with fp.Ledger.open(args.db) as ledger:
         runs = ledger.restore(
             args.archive, progress=None if show is None else lambda n: show(f"{n} runs")
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Literal
@@ -123,14 +124,23 @@ def redact_target(target: str) -> str:
     return f"{scheme}://{userinfo}{at}{hostport}{slash}{path}{sep}{'&'.join(pairs)}"
 
 
+_TARGET_FORMS = "a path, 'sqlite:///path', ':memory:' or 'postgresql://user@host:port/db'"
+"""The targets ``Ledger.open`` takes, as its errors name them."""
+
+# The start of a URL of a scheme this library reads, written almost right (one slash, no
+# colon): read as a path it would create a file with the URL's name instead of connecting.
+_MISTYPED_URL = re.compile(r"(?i)(postgres(?:ql)?|sqlite)(:|//)")
+
+
 def _parse_target(target: object) -> tuple[str | None, str | None]:
     """A path, ``sqlite:///path`` (SQLAlchemy style: ``sqlite:////abs/path``), ``:memory:`` or
     ``postgresql://user@host:port/db[?schema=name]``; returns ``(file path, None)`` (path
-    ``None`` for an in-memory database) or ``(None, PostgreSQL URL)``."""
+    ``None`` for an in-memory database) or ``(None, PostgreSQL URL)``. A target that begins
+    like one of these URLs but is not one (``postgresql:/db``, ``postgres//db``,
+    ``sqlite:db``) is refused rather than taken for a file name."""
     if not isinstance(target, str) or not target:
         raise InvalidArgument(
-            f"target must be a non-empty str (a path, 'sqlite:///path', ':memory:' or "
-            f"'postgresql://user@host/db'), not {target!r}",
+            f"target must be a non-empty str ({_TARGET_FORMS}), not {target!r}",
             argument="target",
         )
     if target.startswith("sqlite:///"):
@@ -139,11 +149,17 @@ def _parse_target(target: object) -> tuple[str | None, str | None]:
             raise InvalidArgument("target 'sqlite:///' names no file", argument="target")
     elif target.startswith(("postgresql://", "postgres://")):
         return None, target
+    elif mistyped := _MISTYPED_URL.match(target):
+        # Only the scheme is quoted: the rest of a mistyped URL may hold a password.
+        raise InvalidArgument(
+            f"target beginning {mistyped[0]!r} is not a valid URL; use {_TARGET_FORMS} "
+            "('postgres://' also works)",
+            argument="target",
+        )
     elif "://" in target:
         scheme = target.split("://", 1)[0]
         raise InvalidArgument(
-            f"unsupported target scheme {scheme!r}; use a path, 'sqlite:///path', ':memory:' "
-            f"or 'postgresql://user@host/db'",
+            f"unsupported target scheme {scheme!r}; use {_TARGET_FORMS}",
             argument="target",
         )
     return (None if target == ":memory:" else target), None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import io
 import json
 import os
 import pathlib
@@ -497,3 +498,38 @@ def test_the_cli_restore_reports_a_refusal_in_one_line(
     assert got.returncode == 2, got
     assert "Traceback" not in got.stderr
     assert "runs.guarded" in got.stderr
+
+
+class _Changing(io.BytesIO):
+    """An archive whose bytes change after the first reading: the second reading (the insert)
+    sees ``then`` instead."""
+
+    def __init__(self, first: bytes, then: bytes) -> None:
+        super().__init__(first)
+        self.then = then
+        self.starts = 0
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if (offset, whence) == (0, 0):
+            self.starts += 1
+            if self.starts == 2:
+                self.truncate(0)
+                self.write(self.then)
+        return super().seek(offset, whence)
+
+
+def test_an_archive_that_changes_between_the_readings_is_refused(
+    archived: tuple[str, Lines], clock: FakeClock
+) -> None:
+    """The insert reads the file again; a line that is not the one checked (here a run made
+    live, which the check would have refused) stops it before the commit."""
+    target, lines = archived
+    edited = copy.deepcopy(lines)
+    put(last(edited), "runs", "status", "active")
+    put(last(edited), "runs", "completed_at", None)
+    encode = lambda ls: "".join(json.dumps(x) + "\n" for x in ls).encode()  # noqa: E731
+    before = dump(target)
+    with fp.Ledger.open(target, clock=clock) as ledger, pytest.raises(fp.InvalidArgument) as e:
+        ledger.restore(_Changing(encode(lines), encode(edited)))
+    assert "changed while it was being restored" in str(e.value)
+    assert dump(target) == before

@@ -8,7 +8,7 @@
 //! a raw message) or, worse, being stored and breaking every later read of its run.
 
 use crate::canonical::{self, Value, MAX_SAFE_INTEGER};
-use crate::ids::{check_name, check_run_id, check_text, MAX_NAME, MAX_RUN_ID, PROSE};
+use crate::ids::{check_name, check_prose, check_run_id, check_text, MAX_NAME, MAX_RUN_ID, PROSE};
 use crate::leases::{MAX_CLOCK_MS, MAX_LEASE_MS};
 use crate::status::{AttemptStatus, RunStatus, StepStatus, UnitStatus};
 
@@ -151,18 +151,33 @@ pub fn column(table: &str, column: &str) -> Option<Column> {
     Some(Column { kind, null })
 }
 
-/// Why `cell` may not stand in `table.column`, if it may not.
-pub fn check(table: &str, name: &str, cell: &Cell) -> Option<String> {
-    let Some(col) = column(table, name) else {
-        return Some("is not a column this library restores".into());
-    };
-    let field = format!("{table}.{name}");
-    let shown = |c: &Cell| match c {
+/// `table.column` in a message, written only when there is one to write.
+#[derive(Clone, Copy)]
+struct Field<'a>(&'a str, &'a str);
+
+impl std::fmt::Display for Field<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.0, self.1)
+    }
+}
+
+/// A cell as a message shows it: long text cut short.
+fn shown(c: &Cell) -> String {
+    match c {
         Cell::Text(s) if s.chars().count() > 40 => {
             format!("{:?}...", s.chars().take(40).collect::<String>())
         }
         other => other.to_string(),
+    }
+}
+
+/// Why `cell` may not stand in `table.column`, if it may not. Nothing is allocated for a cell
+/// that may: restore checks every cell of an archive.
+pub fn check(table: &str, name: &str, cell: &Cell) -> Option<String> {
+    let Some(col) = column(table, name) else {
+        return Some("is not a column this library restores".into());
     };
+    let field = Field(table, name);
     let wrong = |what: &str| Some(format!("{field} {} is {what}", shown(cell)));
     match (cell, col.kind) {
         (Cell::Null, _) if col.null => None,
@@ -170,7 +185,7 @@ pub fn check(table: &str, name: &str, cell: &Cell) -> Option<String> {
         (Cell::Int(v), Kind::Time) => (!(0..=LAST_MS).contains(v)).then(|| {
             format!(
                 "{field} {v} is outside the epoch milliseconds the ledger writes (0 to \
-                     {LAST_MS}, 1970 to 9999)"
+                 {LAST_MS}, 1970 to 9999)"
             )
         }),
         (Cell::Int(v), Kind::Int(min, max)) => {
@@ -185,35 +200,47 @@ pub fn check(table: &str, name: &str, cell: &Cell) -> Option<String> {
             Err(_) => wrong("not UTF-8"),
         },
         (Cell::Bytes(_), _) => wrong("bytes where the ledger writes text"),
-        (Cell::Text(s), kind) => text_fault(&field, s, &shown(cell), kind),
+        (Cell::Text(s), kind) => text_fault(field, s, kind),
     }
 }
 
-/// The rule `kind` names, applied to `s` (`shown` as a message shows it: a value can be long).
-fn text_fault(field: &str, s: &str, shown: &str, kind: Kind) -> Option<String> {
-    let fault = |e: crate::errors::LedgerError| Some(e.to_string());
+/// The rule `kind` names, applied to `s`.
+fn text_fault(field: Field<'_>, s: &str, kind: Kind) -> Option<String> {
+    let cell = || shown(&Cell::Text(s.to_owned()));
+    // The API's checks name their argument; a field's name is made only for a refusal.
+    let named = |ok: bool, check: fn(&str, &str) -> crate::errors::Result<()>| {
+        (!ok).then(|| {
+            check(&field.to_string(), s)
+                .err()
+                .map_or_else(String::new, |e| e.to_string())
+        })
+    };
     match kind {
-        Kind::RunId => check_run_id(field, s).is_err().then(|| {
+        Kind::RunId => check_run_id("", s).is_err().then(|| {
             format!(
-                "{field} {shown} is not a run id (1-{MAX_RUN_ID} characters of A-Z a-z 0-9 . _ : -)"
+                "{field} {} is not a run id (1-{MAX_RUN_ID} characters of A-Z a-z 0-9 . _ : -)",
+                cell()
             )
         }),
-        Kind::Name => check_name(field, s).is_err().then(|| {
-            format!("{field} {shown} is not valid: 1-{MAX_NAME} characters, no control characters")
+        Kind::Name => check_name("", s).is_err().then(|| {
+            format!(
+                "{field} {} is not valid: 1-{MAX_NAME} characters, no control characters",
+                cell()
+            )
         }),
-        Kind::Key => check_text(field, s).err().and_then(fault),
-        // `check_text` bounds every argument not named in PROSE; a field is not one.
-        Kind::Prose => crate::ids::check_prose(field, s).err().and_then(fault),
+        // "" is not a PROSE argument, so `check_text` bounds it as a key.
+        Kind::Key => named(check_text("", s).is_ok(), check_text),
+        Kind::Prose => named(check_prose("", s).is_ok(), check_prose),
         Kind::Json => canonical_fault(s).map(|why| format!("{field} {why}")),
         Kind::Digest => {
             let hex = s.strip_prefix("sha256:");
             (!hex.is_some_and(|h| {
                 h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
             }))
-            .then(|| format!("{field} {s:?} is not a sha256: digest"))
+            .then(|| format!("{field} {} is not a sha256: digest", cell()))
         }
         Kind::Enum(known) => {
-            (!known(s)).then(|| format!("{field} {s:?} is not a value the ledger writes"))
+            (!known(s)).then(|| format!("{field} {} is not a value the ledger writes", cell()))
         }
         Kind::Time | Kind::Int(..) | Kind::Bytes => None,
     }

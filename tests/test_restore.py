@@ -498,6 +498,17 @@ def test_the_cli_restore_reports_a_refusal_in_one_line(
     assert got.returncode == 2, got
     assert "Traceback" not in got.stderr
     assert "runs.guarded" in got.stderr
+    put(last(lines), "runs", "guarded", 0)
+    write(path, lines)
+    command = [sys.executable, "-m", "fencepost", "restore", str(path), "--db", target]
+    got = subprocess.run(
+        [*command, "--max-line-bytes", "1024"], capture_output=True, text=True, timeout=120
+    )
+    assert got.returncode == 2, got
+    assert "longer than 1024 bytes" in got.stderr
+    got = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got
+    assert "restored 12 runs" in got.stdout
 
 
 class _Changing(io.BytesIO):

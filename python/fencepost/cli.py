@@ -343,7 +343,9 @@ def cmd_restore(args: argparse.Namespace, out: TextIO) -> int:
     # A write: into a new ledger as into an existing one (an archive moves runs elsewhere).
     with fp.Ledger.open(args.db) as ledger:
         runs = ledger.restore(
-            args.archive, progress=None if show is None else lambda n: show(f"{n} runs")
+            args.archive,
+            progress=None if show is None else lambda n: show(f"{n} runs"),
+            max_line_bytes=args.max_line_bytes,
         )
     if show is not None:
         sys.stderr.write("\n")
@@ -493,6 +495,13 @@ def parser() -> argparse.ArgumentParser:
 
     rs = sub.add_parser("restore", parents=[common], help="put back the runs of an archive")
     rs.add_argument("archive", metavar="FILE")
+    rs.add_argument(
+        "--max-line-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        metavar="N",
+        help="the longest line (one run tree) to read; longer ones are refused (default 64 MiB)",
+    )
     rs.set_defaults(func=cmd_restore)
     return top
 

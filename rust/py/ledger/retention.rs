@@ -65,6 +65,7 @@ impl PyLedger {
         sink: Option<&Bound<'py, PyAny>>,
         progress: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        self.check_process(py)?;
         let now = self.now(py)?;
         let cutoff = match (cutoff_ms, age_ms) {
             (Some(c), _) => Ok(c),
@@ -144,6 +145,7 @@ impl PyLedger {
         lines: &Bound<'_, PyAny>,
         progress: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
+        self.check_process(py)?;
         // First reading: every line checked, every run id collected; nothing written.
         let mut reader = Reader::new();
         let mut ids: Vec<String> = Vec::new();

@@ -138,8 +138,9 @@ impl PyLedger {
         }
     }
 
-    /// Raise `StoreError` in a process the ledger was not opened in (a forked child); every
-    /// other method checks this first (`AsyncLedger` checks it before touching its threads).
+    /// Raise `StoreError` in a process the ledger was not opened in (a forked child). Every
+    /// method but `target` and `close` checks this first; `AsyncLedger` calls it before it
+    /// touches its threads.
     #[pyo3(name = "check_process")]
     fn py_check_process(&self, py: Python<'_>) -> PyResult<()> {
         self.check_process(py)

@@ -329,6 +329,8 @@ class AsyncLedger:
         them when the events may have changed; each query then runs briefly in a worker
         thread. Cancelling the wait leaves nothing behind."""
         timeout = _core.wait_timeout(timeout_s)
+        # Before the watcher: in a forked child its thread and lock are the parent's.
+        self.ledger._core.check_process()
 
         def query() -> list[Event]:
             return _QUERY_EVENTS(

@@ -262,7 +262,8 @@ class Ledger:
         return f"<fencepost.Ledger {self.target}>"
 
     def close(self) -> None:
-        """Close the database connection. Idempotent; later calls raise ``LedgerError``."""
+        """Close the database connection. Idempotent; later calls raise ``LedgerError``. In a
+        forked child it closes nothing: the connection is the parent's."""
         self._core.close()
 
     def __enter__(self) -> Ledger:

@@ -12,10 +12,13 @@
 //! A delivery must never attach once the interpreter is finalizing: a thread that takes the
 //! GIL then may hang or be killed. An `atexit` hook (registered with the first asynchronous
 //! call) closes a gate before finalization starts and waits out the deliveries in flight;
-//! deliveries after it drop their answers, whose loops are gone by then.
+//! deliveries after it drop their answers, whose loops are gone by then. A forked child finds
+//! the gate open and empty: the deliveries in flight at the fork were the parent's threads'.
 
 use std::any::Any;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -72,27 +75,49 @@ pub fn submit(
 static HOOKED: PyOnceLock<()> = PyOnceLock::new();
 static RESOLVE_MANY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
-/// Whether deliveries may still attach, and how many are attached now.
-struct Gate {
-    closed: bool,
-    attached: usize,
+/// Whether deliveries may still attach, and how many are attached now, as one word: the
+/// process that last changed it (high 32 bits), [`CLOSED`], and the count. One atomic word
+/// rather than a lock and a count, because a forked child inherits both as the fork found
+/// them: a count of parent threads that do not exist in the child (its `atexit` hook would
+/// wait for them forever) and perhaps a lock one of them held. A word last changed in another
+/// process reads as open with nothing attached.
+static GATE: AtomicU64 = AtomicU64::new(0);
+const CLOSED: u64 = 1 << 31;
+const ATTACHED: u64 = CLOSED - 1;
+/// How often the `atexit` hook looks whether the deliveries attached have left.
+const GATE_POLL: Duration = Duration::from_millis(1);
+
+/// This process's id, as the gate's high bits.
+fn gate_owner() -> u64 {
+    u64::from(std::process::id()) << 32
 }
 
-static GATE: Mutex<Gate> = Mutex::new(Gate {
-    closed: false,
-    attached: 0,
-});
-static GATE_LEFT: Condvar = Condvar::new();
+/// The closed bit and count of `word` in the process `owner` names.
+fn gate_state(word: u64, owner: u64) -> u64 {
+    if word & !(CLOSED | ATTACHED) == owner {
+        word & (CLOSED | ATTACHED)
+    } else {
+        0
+    }
+}
+
+/// Change the gate with `f` (given this process's state, `None`: leave it); whether it did.
+fn update_gate(f: impl Fn(u64) -> Option<u64>) -> bool {
+    let owner = gate_owner();
+    GATE.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+        f(gate_state(word, owner)).map(|state| owner | state)
+    })
+    .is_ok()
+}
 
 /// The `atexit` hook: no delivery attaches from now on; wait (detached, so they can finish)
 /// for those attached.
 #[pyfunction]
 fn close_gate(py: Python<'_>) {
+    update_gate(|state| Some(state | CLOSED));
     py.detach(|| {
-        let mut gate = GATE.lock().unwrap_or_else(PoisonError::into_inner);
-        gate.closed = true;
-        while gate.attached > 0 {
-            gate = GATE_LEFT.wait(gate).unwrap_or_else(PoisonError::into_inner);
+        while gate_state(GATE.load(Ordering::Acquire), gate_owner()) & ATTACHED > 0 {
+            std::thread::sleep(GATE_POLL);
         }
     });
 }
@@ -100,19 +125,12 @@ fn close_gate(py: Python<'_>) {
 /// Run `f` attached, unless the gate is closed (then the answers are dropped without
 /// attaching: Python frees them never, or at the next attach).
 fn through_gate(f: impl for<'py> FnOnce(Python<'py>)) {
-    {
-        let mut gate = GATE.lock().unwrap_or_else(PoisonError::into_inner);
-        if gate.closed {
-            return;
-        }
-        gate.attached += 1;
+    let entered = update_gate(|state| (state & CLOSED == 0).then_some(state + 1));
+    if !entered {
+        return;
     }
     let _ = Python::try_attach(f);
-    let mut gate = GATE.lock().unwrap_or_else(PoisonError::into_inner);
-    gate.attached -= 1;
-    if gate.closed && gate.attached == 0 {
-        GATE_LEFT.notify_all();
-    }
+    update_gate(|state| Some((state & CLOSED) | (state & ATTACHED).saturating_sub(1)));
 }
 
 impl AsyncReply for PyReply {

@@ -50,6 +50,13 @@ pub fn to_pyerr(py: Python<'_>, err: LedgerError) -> PyErr {
     build(py, err).unwrap_or_else(|e| e)
 }
 
+/// Build the Python exception for `err` and nothing else: no notice is reported or flushed.
+/// For a call refused in a forked child, where the queued notices are the parent's and the
+/// lock guarding them may have been held by a parent thread at the fork.
+pub fn to_pyerr_alone(py: Python<'_>, err: LedgerError) -> PyErr {
+    build(py, err).unwrap_or_else(|e| e)
+}
+
 fn build(py: Python<'_>, err: LedgerError) -> PyResult<PyErr> {
     let kw = PyDict::new(py);
     let cls: Bound<'_, PyType> = match err {

@@ -7,6 +7,12 @@
 //! serializing detached keep the write lock (and the GIL) held only as long as needed. A
 //! closed ledger raises `StoreError`.
 //!
+//! A ledger belongs to the process that opened it. In a forked child every method but
+//! `target` raises `StoreError` before it takes a lock or sends anything, and `close` or the
+//! ledger's end there lets go of it without closing anything: the connection is the parent's
+//! (a PostgreSQL Terminate from the child would end the parent's session), and the threads
+//! that would be stopped and joined were not copied by the fork.
+//!
 //! The calls the writer groups also take `future=` (an `asyncio.Future`): then the method
 //! checks its arguments, queues the call and returns `None` at once, and the future gets the
 //! result or the exception after the commit (see `aio`).
@@ -50,6 +56,8 @@ pub struct PyLedger {
     target: String,
     /// What `wait_events` has cost so far (see `wait_stats`).
     waits: wait::Counts,
+    /// The process that opened the ledger, the only one that may use it (see `check_process`).
+    pid: u32,
 }
 
 #[pymethods]
@@ -92,6 +100,7 @@ impl PyLedger {
             clock,
             target: String::new(),
             waits: wait::Counts::default(),
+            pid: std::process::id(),
         };
         let now = this.now(py)?;
         let store = py
@@ -119,28 +128,45 @@ impl PyLedger {
     }
 
     /// Refuse new calls, let the queued ones finish (or fail them, futures included), close
-    /// the store.
+    /// the store. In a forked child, nothing: what it would close is the parent's.
     fn close(&self, py: Python<'_>) {
+        if self.inherited() {
+            return;
+        }
         if let Some(writer) = &self.writer {
             py.detach(|| writer.close());
         }
     }
 
+    /// Raise `StoreError` in a process the ledger was not opened in (a forked child). Every
+    /// method but `target` and `close` checks this first; `AsyncLedger` calls it before it
+    /// touches its threads.
+    #[pyo3(name = "check_process")]
+    fn py_check_process(&self, py: Python<'_>) -> PyResult<()> {
+        self.check_process(py)
+    }
+
     /// The writer's counts since open: `groups`, `calls`, `max_group`, `fallbacks`, and the
     /// time groups spent in their transaction (on PostgreSQL including waits for run locks
     /// other sessions hold), `hold_us_total` and `hold_us_max`.
-    fn group_stats(&self) -> std::collections::HashMap<&'static str, u64> {
-        self.writer
+    fn group_stats(
+        &self,
+        py: Python<'_>,
+    ) -> PyResult<std::collections::HashMap<&'static str, u64>> {
+        self.check_process(py)?;
+        Ok(self
+            .writer
             .as_ref()
             .map(|w| w.stats().into_iter().collect())
-            .unwrap_or_default()
+            .unwrap_or_default())
     }
 
     /// What `wait_events` has cost since open: `queries` (events queries it ran), `checks`
     /// (reads of the store's change mark while polling) and `wakeups` (moves of the listening
     /// connection's signal it saw). An idle waiter on PostgreSQL adds to none of them.
-    fn wait_stats(&self) -> std::collections::HashMap<&'static str, u64> {
-        self.waits.snapshot().into_iter().collect()
+    fn wait_stats(&self, py: Python<'_>) -> PyResult<std::collections::HashMap<&'static str, u64>> {
+        self.check_process(py)?;
+        Ok(self.waits.snapshot().into_iter().collect())
     }
 
     /// A pacer for the waiters of one thread (`AsyncLedger.wait_events`): see `wait::PyWatch`.
@@ -740,7 +766,16 @@ impl Drop for PyLedger {
     /// A ledger dropped unclosed stops taking calls; the writer's helper, if it was started,
     /// finishes what is queued and then stops, closing the store. Nothing waits here: the
     /// dropping thread holds the GIL, which the helper's deliveries need.
+    ///
+    /// Dropped in a forked child (at the latest when its interpreter exits), the writer is
+    /// leaked instead: its locks may be held by parent threads the fork did not copy, and
+    /// dropping the store would close the parent's connection (on PostgreSQL with a Terminate
+    /// that ends the parent's session) and join threads that do not exist here.
     fn drop(&mut self) {
+        if self.inherited() {
+            std::mem::forget(self.writer.take());
+            return;
+        }
         if let Some(writer) = &self.writer {
             writer.shut();
         }

@@ -10,7 +10,7 @@ use super::PyLedger;
 use crate::errors::{LedgerError, Result};
 use crate::py::aio::{self, Build};
 use crate::py::args::{self, int};
-use crate::py::errors::to_pyerr;
+use crate::py::errors::{to_pyerr, to_pyerr_alone};
 use crate::store::Store;
 use crate::writer::{Op, Output, Writer};
 
@@ -44,6 +44,34 @@ impl PyLedger {
         Ok(now)
     }
 
+    /// Refuse a call in any process but the one that opened the ledger: a forked child
+    /// inherits the connection (its socket, its SQLite handle) and the locks as the fork found
+    /// them, perhaps held by a parent thread that does not exist in the child. So this comes
+    /// before any lock is taken or anything is sent, touches nothing shared, and costs one
+    /// `getpid`.
+    pub(super) fn check_process(&self, py: Python<'_>) -> PyResult<()> {
+        let here = std::process::id();
+        if here == self.pid {
+            return Ok(());
+        }
+        Err(to_pyerr_alone(
+            py,
+            LedgerError::StoreError {
+                operation: "using the ledger".into(),
+                message: format!(
+                    "this Ledger was opened in process {}; open a new Ledger after fork (this \
+                     is process {here}) and leave the inherited one to its parent",
+                    self.pid
+                ),
+            },
+        ))
+    }
+
+    /// Whether this is a process the ledger was not opened in (a forked child).
+    pub(super) fn inherited(&self) -> bool {
+        std::process::id() != self.pid
+    }
+
     pub(super) fn writer(&self) -> Result<&Arc<Writer>> {
         self.writer.as_ref().ok_or_else(|| LedgerError::StoreError {
             operation: "using the ledger".into(),
@@ -51,25 +79,28 @@ impl PyLedger {
         })
     }
 
-    /// Read the clock, detach, lock, run `op` on the store, re-attach.
+    /// Check the process, read the clock, detach, lock, run `op` on the store, re-attach.
     pub(super) fn run<T: Send>(
         &self,
         py: Python<'_>,
         op: impl FnOnce(&mut dyn Store, i64) -> Result<T> + Send,
     ) -> PyResult<T> {
+        self.check_process(py)?;
         let now = self.now(py)?;
         let out = py.detach(|| self.writer()?.with_store(|s| op(s, now)));
         crate::py::observe::flush(py);
         out.map_err(|e| to_pyerr(py, e))
     }
 
-    /// Read the clock, detach, build the call and queue it on the writer, re-attach. A closed
-    /// ledger refuses before the arguments are checked, as a call on the store would.
+    /// Check the process, read the clock, detach, build the call and queue it on the writer,
+    /// re-attach. A closed ledger refuses before the arguments are checked, as a call on the
+    /// store would.
     pub(super) fn submit(
         &self,
         py: Python<'_>,
         build: impl FnOnce(i64) -> Result<Op> + Send,
     ) -> PyResult<Output> {
+        self.check_process(py)?;
         let now = self.now(py)?;
         let out = py.detach(|| {
             let writer = self.writer()?;
@@ -96,6 +127,7 @@ impl PyLedger {
             let out = self.submit(py, op)?;
             return build(py, out).map(Some);
         };
+        self.check_process(py)?;
         let now = self.now(py)?;
         let queued = self.writer().and_then(|writer| {
             if writer.is_closed() {

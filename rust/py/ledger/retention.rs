@@ -63,6 +63,7 @@ impl PyLedger {
         sink: Option<&Bound<'py, PyAny>>,
         progress: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        self.check_process(py)?;
         let now = self.now(py)?;
         let cutoff = match (cutoff_ms, age_ms) {
             (Some(c), _) => Ok(c),
@@ -143,6 +144,7 @@ impl PyLedger {
         lines: &Bound<'_, PyAny>,
         progress: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
+        self.check_process(py)?;
         let failed: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
         let mut source = PyLines {
             open: lines.clone().unbind(),

@@ -86,6 +86,7 @@ impl Pacer {
     /// A pacer whose waiter queries right after this returns (on PostgreSQL this starts the
     /// ledger's listening connection, once).
     pub(super) fn new(ledger: &PyLedger, py: Python<'_>) -> PyResult<Self> {
+        ledger.check_process(py)?;
         let signal: Option<Arc<Signal>> = py
             .detach(|| ledger.writer()?.with_store(|s| s.signal()))
             .map_err(|e| to_pyerr(py, e))?;
@@ -119,6 +120,8 @@ impl Pacer {
         py: Python<'_>,
         deadline: Instant,
     ) -> PyResult<bool> {
+        // A `Watch` may be inherited by a forked child too.
+        ledger.check_process(py)?;
         loop {
             let now = Instant::now();
             let seen = Self::read(self.signal.as_deref(), ledger, py)?;

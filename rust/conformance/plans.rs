@@ -150,16 +150,7 @@ fn event_appends_probe_by_index(store: &mut dyn Store) {
     let insert = plan(
         store,
         &sql::INSERT_EVENT_SQL,
-        params![
-            "p3",
-            "test.a",
-            none,
-            none,
-            no_generation,
-            "{}",
-            none,
-            T0
-        ],
+        params!["p3", "test.a", none, none, no_generation, "{}", none, T0],
     );
     assert!(
         !insert.lines().any(|l| l.contains("SCAN")) && !insert.contains("Seq Scan"),

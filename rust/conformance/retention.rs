@@ -5,9 +5,9 @@ use super::{finish, started, unit, T0};
 use crate::attempts;
 use crate::canonical::Json;
 use crate::errors::LedgerError;
+use crate::events;
 use crate::params;
 use crate::retention::archive::{self, Cell, Tree};
-use crate::events;
 use crate::retention::{
     existing_runs, insert_trees, raise_event_seq, PruneReport, PruneSpec, Pruner, Reader,
 };

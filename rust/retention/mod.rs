@@ -26,7 +26,6 @@ use std::time::Instant;
 
 pub use restore::{existing_runs, insert_trees, Reader};
 
-
 use crate::errors::{LedgerError, Result};
 use crate::events::json_array;
 use crate::params;

@@ -75,10 +75,8 @@ pub const SEQ_FLOOR_SQL: Sql = Sql::split(
 /// set back and handed out again); an INSERT into events holds ROW EXCLUSIVE until its
 /// transaction ends, which SHARE ROW EXCLUSIVE excludes, as it does a second caller of this.
 /// SQLite's write transaction already excludes every other writer.
-pub const SEQ_LOCK_SQL: Sql = Sql::split(
-    "SELECT 1",
-    "LOCK TABLE events IN SHARE ROW EXCLUSIVE MODE",
-);
+pub const SEQ_LOCK_SQL: Sql =
+    Sql::split("SELECT 1", "LOCK TABLE events IN SHARE ROW EXCLUSIVE MODE");
 
 /// Every new event numbered above `?1`: SQLite raises its floor; PostgreSQL moves the sequence
 /// up when its next number would not be above `?1` (with `is_called` false, `last_value` is

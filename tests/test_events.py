@@ -32,7 +32,8 @@ def test_events_paging_and_filters(ledger: fp.Ledger, run: fp.Run) -> None:
 
 
 def test_events_are_append_only_in_sqlite(tmp_path: pathlib.Path) -> None:
-    # seq is a plain rowid: it is never reused only because no event row can be deleted.
+    # Outside prune no event row can be deleted or changed; prune's deletes never free a seq
+    # for reuse (test_prune.py).
     path = tmp_path / "ledger.db"
     with fp.Ledger.open(str(path)) as ledger:
         ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r1", force=True)

@@ -132,6 +132,68 @@ def test_prune_removes_whole_old_terminal_trees_only(target: str, clock: FakeClo
         assert left[0] == 0
 
 
+def newest_seq(ledger: fp.Ledger) -> int:
+    """The newest ``seq`` in the log (0 for an empty one), paging as a follower does."""
+    seq = 0
+    while page := ledger.events(after_seq=seq):
+        seq = page[-1].seq
+    return seq
+
+
+def test_a_ledger_whose_last_activity_was_one_tree_prunes_to_empty(
+    target: str, clock: FakeClock
+) -> None:
+    """A batch job's ledger: its newest event is in the last tree to finish, and that tree
+    goes with the rest; the next event is still numbered above every ``seq`` handed out, so a
+    follower whose cursor reached the old newest event sees it."""
+    with fp.Ledger.open(target, clock=clock) as ledger:
+        finished(ledger, "first")
+        finished(ledger, "last")
+        newest = newest_seq(ledger)
+        clock.advance(2 * 86_400_000)
+        report = ledger.prune(older_than=DAY)
+        assert (report.runs, report.attempts) == (2, 6)
+    assert {t: rows for t, rows in dump(target).items() if rows} == {}
+    with fp.Ledger.open(target, clock=clock) as ledger:
+        assert ledger.events() == []
+        begin(ledger, "next")
+        seen = ledger.events(after_seq=newest)
+        assert [e.resource_id for e in seen] == ["next"]
+        assert seen[0].seq > newest
+        assert ledger.wait_events(after_seq=newest, timeout_s=5) == seen
+        # The next tree to hold the newest event goes too, and its numbers stay used.
+        assert ledger.abandon_run("next")
+        newest = newest_seq(ledger)
+        clock.advance(2 * 86_400_000)
+        assert ledger.prune(older_than=DAY).runs == 1
+        begin(ledger, "after")
+        seen = ledger.events(after_seq=newest)
+        assert [e.resource_id for e in seen] == ["after"]
+        assert seen[0].seq > newest
+
+
+def test_the_demo_ledger_prunes_to_empty(
+    demo: tuple[pathlib.Path, dict[str, Any], str], tmp_path: pathlib.Path
+) -> None:
+    source, _, _ = demo
+    path = tmp_path / "demo.db"
+    path.write_bytes(source.read_bytes())  # the demo's ledger is closed: no -wal to copy
+    runs = len(dump(str(path))["runs"])
+    with fp.Ledger.open(str(path)) as ledger:
+        newest = newest_seq(ledger)
+    assert runs > 0
+    archive = tmp_path / "a.gz"
+    done = cli(
+        "prune", "--db", str(path), "--older-than", "0s", "--archive", str(archive), "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["runs"] == runs
+    assert {t: rows for t, rows in dump(str(path)).items() if rows} == {}
+    with fp.Ledger.open(str(path)) as ledger:
+        begin(ledger, "next")
+        assert [e.seq > newest for e in ledger.events(after_seq=newest)] == [True]
+
+
 @pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "stream"])
 def test_archive_then_restore_round_trips_every_row(
     target: str, clock: FakeClock, tmp_path: pathlib.Path, kind: str
@@ -340,8 +402,8 @@ def test_cli_prune_and_restore(tmp_path: pathlib.Path, clock: FakeClock) -> None
     dry = cli("prune", "--db", str(path), "--older-than", "1d", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     assert json.loads(dry.stdout)["dry_run"] is True
-    # The CLI reads the system clock: every fake-clock run is over a day old, and the tree with
-    # the newest event stays.
+    # The CLI reads the system clock: every fake-clock run is over a day old (active, never
+    # finished, stays).
     done = cli("prune", "--db", str(path), "--older-than", "1d", "--archive", str(archive))
     assert done.returncode == 0, done.stderr
     assert "pruned" in done.stdout
@@ -388,7 +450,6 @@ def test_the_fence_counts_and_trace_context_travel_and_older_archives_restore(
             ledger.heartbeat(a, lease_ms=1000)
         assert ledger.abandon_run("fenced")
         clock.advance(40 * 86_400_000)
-        begin(ledger, "later")  # the newest event's tree waits for a later prune
         assert ledger.prune(older_than=30 * DAY, archive=tmp_path / "new.jsonl").runs == 1
     lines = [json.loads(x) for x in (tmp_path / "new.jsonl").read_text().splitlines()]
     header = lines[0]

@@ -6,6 +6,7 @@ never make a schema; on PostgreSQL many processes may open a fresh schema at onc
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import pathlib
 import sqlite3
@@ -17,6 +18,7 @@ import fencepost as fp
 from tests.conftest import (
     PG_URL,
     REPO,
+    FakeClock,
     applied_migrations,
     cli,
     pg_connect,
@@ -58,6 +60,42 @@ def test_newer_sqlite_schema_is_refused_and_left_alone(tmp_path: pathlib.Path) -
     assert "upgrade fencepost" in str(info.value)
     assert applied_migrations(path)[-1] == (999, "future")
     assert path.read_bytes() == before
+
+
+def test_a_schema_6_ledger_with_events_migrates_and_continues_its_seq(
+    tmp_path: pathlib.Path, clock: FakeClock
+) -> None:
+    path = tmp_path / "six.db"
+    with fp.Ledger.open(str(path), clock=clock) as ledger:
+        ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="old", force=True)
+        ledger.finish_attempt(
+            "old", "u1", *attempt(ledger.reserve_attempt("old", "u1", step_id="s")),
+            status="completed",
+        )  # fmt: skip
+        assert ledger.abandon_run("old")
+        newest = ledger.events()[-1].seq
+    # Back to schema 6: 0007's table goes, with its triggers.
+    with raw_db(path) as db:
+        db.execute("DROP TABLE event_seq_floor")
+        db.execute("DELETE FROM schema_migrations WHERE version = 7")
+    with fp.Ledger.open(str(path), clock=clock) as ledger:
+        assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 7
+        ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="new", force=True)
+        assert [e.seq for e in ledger.events(after_seq=newest)] == [newest + 1]
+        # The old run's tree goes, though it held the newest event; numbering goes on above.
+        assert ledger.abandon_run("new")
+        newest = ledger.events()[-1].seq
+        clock.advance(1000)
+        assert ledger.prune(older_than=dt.timedelta(0)).runs == 2
+        ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="next", force=True)
+        assert [e.seq for e in ledger.events()] == [newest + 1]
+    assert applied_migrations(path)[-1] == (7, "seq_floor")
+    with raw_db(path) as db, pytest.raises(sqlite3.IntegrityError, match="only rises"):
+        db.execute("UPDATE event_seq_floor SET seq = 0")
+
+
+def attempt(r: fp.Reservation) -> tuple[int, str]:
+    return r.attempt, r.dispatch_id
 
 
 def sha(path: pathlib.Path) -> str:
@@ -122,6 +160,7 @@ def test_open_creates_the_schema_and_records_the_migration() -> None:
                 (4, "reads"),
                 (5, "queue"),
                 (6, "fencing"),
+                (7, "seq_floor"),
             ]
             tables = {
                 r[0]
@@ -194,7 +233,7 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
             conn.execute(UNDO_0004)
             conn.execute(UNDO_0003)
         with fp.Ledger.open(url) as ledger:
-            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 6
+            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 7
             assert ledger.finish_attempt(
                 "old", "u1", res.attempt, res.dispatch_id, status="completed"
             )
@@ -210,6 +249,7 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
                 (4, "reads"),
                 (5, "queue"),
                 (6, "fencing"),
+                (7, "seq_floor"),
             ]
             options = dict(
                 conn.execute(
@@ -219,6 +259,25 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
                 ).fetchall()
             )
             assert options == {"attempts": ["fillfactor=50"], "units": ["fillfactor=50"]}
+
+
+def test_a_sequence_behind_its_events_is_raised_by_the_migration() -> None:
+    """A schema-6 ledger whose identity sequence lags its events, as restoring another
+    ledger's archive could leave it (archived events keep their seq): 0007 moves the sequence
+    past them, so a new event neither collides with one nor is numbered below it."""
+    with pg_schema() as url:
+        with fp.Ledger.open(url) as ledger:
+            ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r", force=True)
+            newest = ledger.events()[-1].seq
+        with pg_connect(url) as conn:
+            conn.execute("SELECT setval('events_seq_seq', 1, false)")
+            conn.execute("DELETE FROM schema_migrations WHERE version = 7")
+        with fp.Ledger.open(url) as ledger:
+            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 7
+            assert ledger.abandon_run("r")
+            assert [e.seq for e in ledger.events(after_seq=newest)] == [newest + 1]
+        with pg_connect(url) as conn:
+            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (7,)
 
 
 def test_reopen_is_a_no_op_and_the_schema_keyword_equals_the_url() -> None:

@@ -799,9 +799,10 @@ class Ledger:
         of trees is one short transaction. ``archive`` (a new path, gzip when it ends in
         ``.gz``, or a binary file) receives each tree as one JSON line, flushed before the tree
         is deleted; ``restore`` reads it back. ``dry_run`` changes and writes nothing and
-        reports what would go. ``progress`` is called with the totals after every batch. The
-        tree holding the ledger's newest event waits for a later prune (event numbers are never
-        reused). SQLite files give the freed pages back to the file system."""
+        reports what would go. ``progress`` is called with the totals after every batch. Event
+        numbers (``seq``) of pruned events are never handed out again, so a follower paging
+        with ``after_seq`` misses nothing. SQLite files give the freed pages back to the file
+        system."""
         cutoff_ms, age_ms = _archive.cutoff(older_than)
         wanted = _refs(statuses, "statuses") or []
         report = None if progress is None else (lambda d: progress(PruneReport(**d)))

@@ -14,7 +14,8 @@ conformance!(
     run_events_are_read_by_index,
     run_event_pages_follow_the_cursor,
     rare_event_types_are_read_by_index,
-    prune_reads_by_index
+    prune_reads_by_index,
+    event_appends_probe_by_index
 );
 
 const RUNS: usize = 12;
@@ -138,6 +139,36 @@ fn run_events_are_read_by_index(store: &mut dyn Store) {
             "no scan of the log:\n{all}"
         );
     }
+}
+
+/// Every event a dispatcher writes reads its run's newest revision and, on SQLite, the newest
+/// `seq` and the floor under it: three probes, however long the log.
+fn event_appends_probe_by_index(store: &mut dyn Store) {
+    fill(store);
+    let none: Option<&str> = None;
+    let no_generation: Option<i64> = None;
+    let insert = plan(
+        store,
+        &sql::INSERT_EVENT_SQL,
+        params!["p3", "test.a", none, none, no_generation, "{}", none, T0],
+    );
+    assert!(
+        !insert.lines().any(|l| l.contains("SCAN")) && !insert.contains("Seq Scan"),
+        "an event insert scans nothing:\n{insert}"
+    );
+    let revision = insert
+        .contains("USING COVERING INDEX sqlite_autoindex_events_1 (resource_id=?)")
+        || insert.contains("events_resource_id_revision_key");
+    assert!(revision, "the run's revision by its index:\n{insert}");
+    // PostgreSQL numbers by its sequence: no floor to read.
+    let floored = insert.contains("SEARCH event_seq_floor USING INTEGER PRIMARY KEY (rowid=?)")
+        || insert.contains("Insert on events");
+    assert!(floored, "the seq floor by its rowid:\n{insert}");
+    let floor = plan(store, &retention::sql::SEQ_FLOOR_SQL, params![]);
+    assert!(
+        !floor.lines().any(|l| l.contains("SCAN")),
+        "prune raises the floor by probes:\n{floor}"
+    );
 }
 
 fn run_event_pages_follow_the_cursor(store: &mut dyn Store) {

@@ -5,9 +5,10 @@ use super::{finish, started, unit, T0};
 use crate::attempts;
 use crate::canonical::Json;
 use crate::errors::LedgerError;
+use crate::events;
 use crate::params;
-use crate::retention::archive::{self, Cell};
-use crate::retention::{BytesLines, PruneReport, PruneSpec, Pruner};
+use crate::retention::archive::{self, Cell, Tree};
+use crate::retention::{raise_event_seq, BytesLines, PruneReport, PruneSpec, Pruner, Reader};
 use crate::runs::{self, ChildRun, StepSpec};
 use crate::store::{Sql, Store};
 
@@ -15,7 +16,9 @@ conformance!(
     prune_takes_whole_terminal_trees,
     prune_archive_restores_every_row,
     events_stay_append_only_outside_prune,
-    restore_refuses_bad_archives
+    restore_refuses_bad_archives,
+    a_ledger_whose_last_activity_was_one_tree_prunes_to_empty,
+    restored_events_above_the_numbering_raise_it
 );
 
 const DAY: i64 = 86_400_000;
@@ -117,7 +120,8 @@ fn restore(store: &mut dyn Store, archive: &[u8]) -> crate::errors::Result<u64> 
 
 fn prune_takes_whole_terminal_trees(store: &mut dyn Store) {
     // old: a finished tree with two children; live: a finished parent with a live child;
-    // young: finished after the cutoff; active: never finished; last: holds the newest event.
+    // young: finished after the cutoff; active: never finished; last: finished, and holds the
+    // newest event.
     started(store, "old");
     work(store, "old");
     started(store, "live");
@@ -135,14 +139,17 @@ fn prune_takes_whole_terminal_trees(store: &mut dyn Store) {
     let before_attempts = count(store, "attempts");
 
     let report = prune(store, T0 + 5 * DAY, None);
-    assert_eq!(report.runs, 3, "old and its two children: {report:?}");
-    assert_eq!(report.attempts, 4);
-    assert!(report.events >= 3 * 2, "{report:?}");
-    assert_eq!(count(store, "attempts"), before_attempts - 4);
-    for gone in ["old", "old-c1", "old-c2"] {
+    assert_eq!(
+        report.runs, 4,
+        "old and its two children, and last: {report:?}"
+    );
+    assert_eq!(report.attempts, 6);
+    assert!(report.events >= 4 * 2, "{report:?}");
+    assert_eq!(count(store, "attempts"), before_attempts - 6);
+    for gone in ["old", "old-c1", "old-c2", "last"] {
         assert!(runs::get_run(store, gone).unwrap().is_none(), "{gone}");
     }
-    for kept in ["live", "live-c", "young", "active", "last"] {
+    for kept in ["live", "live-c", "young", "active"] {
         assert!(runs::get_run(store, kept).unwrap().is_some(), "{kept}");
     }
     // The child params blob was shared by old's and live's children: live-c still holds it.
@@ -163,16 +170,97 @@ fn prune_takes_whole_terminal_trees(store: &mut dyn Store) {
         !left.iter().any(|k| k.starts_with("old")),
         "a row of a pruned tree is left: {left:?}"
     );
-    // Nothing more goes at the same cutoff; `last` goes once a newer event exists.
+    // Nothing more goes at the same cutoff: live stays with its live child.
     assert_eq!(prune(store, T0 + 5 * DAY, None).runs, 0);
-    finished_run(store, "later", T0 + 20 * DAY);
-    let again = prune(store, T0 + 5 * DAY, None);
-    assert_eq!(
-        again.runs, 1,
-        "last; live stays with its live child: {again:?}"
-    );
-    assert!(runs::get_run(store, "last").unwrap().is_none());
     assert!(runs::get_run(store, "live").unwrap().is_some());
+}
+
+/// The newest `seq` handed out so far that is still in the log (0 for an empty log).
+fn newest_seq(store: &mut dyn Store) -> i64 {
+    let mut newest = 0;
+    loop {
+        let page = events::read(store, None, newest, 1000, None).unwrap();
+        match page.last() {
+            Some(e) => newest = e.seq,
+            None => return newest,
+        }
+    }
+}
+
+fn a_ledger_whose_last_activity_was_one_tree_prunes_to_empty(store: &mut dyn Store) {
+    finished_run(store, "a", T0 + DAY);
+    finished_run(store, "b", T0 + 2 * DAY);
+    let newest = newest_seq(store);
+    let report = prune(store, T0 + 5 * DAY, None);
+    assert_eq!(report.runs, 2, "{report:?}");
+    for (table, rows) in dump(store) {
+        assert!(rows.is_empty(), "{table} keeps {rows:?}");
+    }
+    // A follower whose cursor reached the newest event sees the next one: it is numbered
+    // above every `seq` handed out, not after the (now empty) log's max.
+    started(store, "next");
+    let seen = events::read(store, None, newest, 1000, None).unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].resource_id, "next");
+    assert!(seen[0].seq > newest, "{seen:?} after {newest}");
+    // Pruning the newest tree again, and a tree restored above the numbering, still never hand
+    // a number out twice.
+    assert!(runs::abandon_run(store, "next", None, true, T0 + DAY).unwrap());
+    let newest = newest_seq(store);
+    let mut out = Vec::new();
+    assert_eq!(prune(store, T0 + 5 * DAY, Some(&mut out)).runs, 1);
+    started(store, "after");
+    let seen = events::read(store, None, newest, 1000, None).unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].seq > newest, "{seen:?} after {newest}");
+}
+
+fn restored_events_above_the_numbering_raise_it(store: &mut dyn Store) {
+    finished_run(store, "a", T0 + DAY);
+    let mut out = Vec::new();
+    assert_eq!(prune(store, T0 + 5 * DAY, Some(&mut out)).runs, 1);
+    // The archive as another ledger, further along, would have written it: every event
+    // numbered 1000 higher.
+    let shifted: Vec<u8> = out
+        .split_inclusive(|b| *b == b'\n')
+        .flat_map(|line| {
+            let mut doc: serde_json::Value = serde_json::from_slice(line).unwrap();
+            if let Some(rows) = doc.get_mut("events").and_then(|e| e.as_array_mut()) {
+                for row in rows {
+                    row[0] = (row[0].as_i64().unwrap() + 1000).into();
+                }
+            }
+            let mut line = serde_json::to_vec(&doc).unwrap();
+            line.push(b'\n');
+            line
+        })
+        .collect();
+    let mut reader = Reader::new();
+    let trees: Vec<Tree> = shifted
+        .split_inclusive(|b| *b == b'\n')
+        .filter_map(|line| reader.read(line).unwrap())
+        .collect();
+    let highest = trees.iter().map(Tree::highest_seq).max().unwrap();
+    assert!(highest > 1000);
+    assert_eq!(restore(store, &shifted).unwrap(), 1);
+    assert_eq!(newest_seq(store), highest);
+    started(store, "new");
+    let seen = events::read(store, None, highest, 1000, None).unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].resource_id, "new");
+    assert!(seen[0].seq > highest);
+    // Raising below the numbering changes nothing; and the restored tree prunes again without
+    // its numbers coming back.
+    let newest = newest_seq(store);
+    raise_event_seq(store, 1).unwrap();
+    assert!(runs::abandon_run(store, "new", None, true, T0 + DAY).unwrap());
+    let newest_after = newest_seq(store);
+    assert!(newest_after > newest);
+    assert_eq!(prune(store, T0 + 5 * DAY, None).runs, 2);
+    started(store, "last");
+    let seen = events::read(store, None, 0, 1000, None).unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].seq > newest_after, "{seen:?} after {newest_after}");
 }
 
 fn prune_archive_restores_every_row(store: &mut dyn Store) {

@@ -434,6 +434,19 @@ impl Tree {
             .collect()
     }
 
+    /// The highest `seq` among the tree's events (0 when it has none): what
+    /// [`raise_event_seq`](super::raise_event_seq) must be given before the tree is restored.
+    pub fn highest_seq(&self) -> i64 {
+        self.rows_of("events")
+            .iter()
+            .filter_map(|row| match row.first() {
+                Some(Cell::Int(seq)) => Some(*seq),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The archive line of this tree.
     pub fn to_line(&self) -> Result<Vec<u8>> {
         let mut doc = Map::new();

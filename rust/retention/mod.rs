@@ -35,6 +35,22 @@ use crate::store::migrate::SCHEMA_VERSION;
 use crate::store::{Store, Tx};
 use archive::{Cell, Table, Tree, BLOBS, DEFINITIONS, RUN_BLOB_COLUMNS, RUN_TABLES};
 
+/// Number every event written from now on above `seq`, in a write transaction of its own.
+/// Restore calls it with the highest `seq` of the archive's events ([`Tree::highest_seq`])
+/// before it inserts them: archived events keep their numbers, which in another ledger can lie
+/// above the next number it would hand out, and a new event must never take one of them nor
+/// be numbered below them (a reader whose cursor passed them would skip it). Never lowers
+/// anything: a `seq` the ledger's numbering has passed changes nothing. In a transaction of
+/// its own, not restore's: on PostgreSQL it holds every event writer back from its lock to
+/// its commit, which here is one statement later.
+pub fn raise_event_seq(store: &mut dyn Store, seq: i64) -> Result<()> {
+    store.write("restoring", |tx| {
+        tx.rows(&sql::SEQ_LOCK_SQL, params![], |_| Ok(()))?;
+        tx.rows(&sql::SEQ_AT_LEAST_SQL, params![seq], |_| Ok(()))?;
+        Ok(())
+    })
+}
+
 /// The time a prune transaction aims for, in milliseconds.
 pub const TARGET_MS: u128 = 40;
 
@@ -353,18 +369,16 @@ impl Pruner {
             })?
             .into_iter()
             .collect();
-        let newest: Option<String> = tx.row(&sql::NEWEST_EVENT_SQL, params![], |r| r.get(0))?;
         // Root -> its runs with depth; a tree goes only if every run in it may.
         let mut members: BTreeMap<&str, Vec<(&str, i64)>> = BTreeMap::new();
         for (root, id, depth) in &tree {
             members.entry(root).or_default().push((id, *depth));
         }
         let may_go = |id: &str| {
-            newest.as_deref() != Some(id)
-                && states.get(id).is_some_and(|(status, completed)| {
-                    RunStatus::parse(status).is_some_and(|s| spec.statuses.contains(&s))
-                        && completed.is_some_and(|at| at < spec.cutoff_ms)
-                })
+            states.get(id).is_some_and(|(status, completed)| {
+                RunStatus::parse(status).is_some_and(|s| spec.statuses.contains(&s))
+                    && completed.is_some_and(|at| at < spec.cutoff_ms)
+            })
         };
         let mut going: Vec<(&str, Vec<&str>)> = Vec::new();
         for root in &roots {
@@ -399,6 +413,7 @@ impl Pruner {
             }
         }
         let digests = referenced_digests(tx, &ids_json)?;
+        tx.rows(&sql::SEQ_FLOOR_SQL, params![], |_| Ok(()))?;
         tx.exec(&sql::PRUNING_INSERT_SQL, params![ids_json])?;
         for table in RUN_TABLES.iter().rev() {
             let n = tx.exec(&archive::statements(table).delete, params![ids_json])? as u64;

@@ -261,9 +261,6 @@ impl Reader {
             tree.rows.push((table.name, out));
         }
         if self.trusted {
-            for row in tree.rows_of("events") {
-                self.max_seq = self.max_seq.max(int(&row[0]).unwrap_or(0));
-            }
             return Ok(tree);
         }
         self.check_tree(&tree)
@@ -718,6 +715,11 @@ pub fn restore(
     reader.finish()?;
     check_ledger(store, &batch)?;
     drop(batch);
+    // In a transaction of its own before the insert (see `raise_event_seq`): a restore that
+    // then fails leaves a gap in the numbering, never a number handed out twice.
+    if reader.max_seq() > 0 {
+        super::raise_event_seq(store, reader.max_seq())?;
+    }
     let changed = || {
         LedgerError::invalid(
             ARG,
@@ -745,12 +747,8 @@ pub fn restore(
             return Err(changed());
         }
         // Whatever is still queued goes out now, so a failure is this body's to name.
-        tx.query(
-            &super::sql::CONTINUE_SEQ_SQL,
-            params![reader.max_seq()],
-            &mut |_| Ok(true),
-        )
-        .map_err(|e| refused(tx, "the last tree", &e))?;
+        tx.query(&super::sql::FLUSH_SQL, params![], &mut |_| Ok(true))
+            .map_err(|e| refused(tx, "the last tree", &e))?;
         Ok(runs)
     })
 }

@@ -73,17 +73,9 @@ pub const EXISTING_IDEMPOTENCY_KEYS_SQL: Sql = Sql::split(
       AND idempotency_key = ANY (ARRAY(SELECT json_array_elements_text(CAST(?1 AS TEXT)::json)))",
 );
 
-/// After restoring events numbered up to `?1`, the next event must still be numbered above
-/// every one. SQLite numbers it max(seq) + 1 by itself. PostgreSQL draws from the identity's
-/// sequence, which an explicit seq does not move: it is set forward (never back) when the
-/// archive's highest seq is past what it last handed out. `setval` is not transactional: a
-/// restore that rolls back leaves a gap in the numbers, never a repeat.
-pub const CONTINUE_SEQ_SQL: Sql = Sql::split(
-    "SELECT ?1",
-    "SELECT setval(s, CAST(?1 AS BIGINT))
-    FROM (SELECT CAST(pg_get_serial_sequence('events', 'seq') AS regclass) AS s) q
-    WHERE CAST(?1 AS BIGINT) > coalesce(pg_sequence_last_value(s), 0)",
-);
+/// A statement that waits for its answer, so whatever a transaction has queued before it (on
+/// PostgreSQL) goes out and fails here, where the caller can name what failed.
+pub const FLUSH_SQL: Sql = Sql::same("SELECT 1");
 
 /// The state of each run in `?1`, read after locking them on PostgreSQL (a late write on one
 /// of them waits for the prune, then finds the run gone). In run id order, the order every
@@ -96,11 +88,34 @@ pub const STATES_SQL: Sql = Sql::split(
     ORDER BY run_id FOR UPDATE",
 );
 
-/// The run of the ledger's newest event. SQLite numbers a new event max(seq) + 1, so removing
-/// the newest event would hand its number to the next one, and a reader whose cursor had
-/// passed it would skip that event: prune leaves the tree holding it for a later prune.
-pub const NEWEST_EVENT_SQL: Sql =
-    Sql::same("SELECT resource_id FROM events ORDER BY seq DESC LIMIT 1");
+/// Before a batch deletes events: SQLite's floor under the next `seq` rises to the newest one
+/// (one probe of the rowid's last entry), so deleting the newest events never hands their
+/// numbers out again (a reader whose cursor had passed them would skip the new events). Every
+/// batch raises it, whether or not it holds the newest event: cheaper than finding out, and
+/// the floor never passes a number already handed out. PostgreSQL's sequence never goes back:
+/// nothing to do.
+pub const SEQ_FLOOR_SQL: Sql = Sql::split(
+    "UPDATE event_seq_floor SET seq = max(seq, coalesce((SELECT max(seq) FROM events), 0))
+    WHERE id = 1",
+    "SELECT 1",
+);
+
+/// [`SEQ_AT_LEAST_SQL`]'s lock. PostgreSQL: `setval` is not a compare-and-set, so no writer
+/// may draw a number between the sequence's read and its `setval` (a lower value would then be
+/// set back and handed out again); an INSERT into events holds ROW EXCLUSIVE until its
+/// transaction ends, which SHARE ROW EXCLUSIVE excludes, as it does a second caller of this.
+/// SQLite's write transaction already excludes every other writer.
+pub const SEQ_LOCK_SQL: Sql =
+    Sql::split("SELECT 1", "LOCK TABLE events IN SHARE ROW EXCLUSIVE MODE");
+
+/// Every new event numbered above `?1`: SQLite raises its floor; PostgreSQL moves the sequence
+/// up when its next number would not be above `?1` (with `is_called` false, `last_value` is
+/// the next number itself, not yet handed out). Never lowers either.
+pub const SEQ_AT_LEAST_SQL: Sql = Sql::split(
+    "UPDATE event_seq_floor SET seq = max(seq, ?1) WHERE id = 1",
+    "SELECT setval('events_seq_seq', CAST(?1 AS BIGINT)) FROM events_seq_seq
+    WHERE last_value < CAST(?1 AS BIGINT) OR (last_value = CAST(?1 AS BIGINT) AND NOT is_called)",
+);
 
 /// List the runs being pruned, which the events' delete trigger requires.
 pub const PRUNING_INSERT_SQL: Sql = Sql::split(

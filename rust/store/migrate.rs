@@ -56,10 +56,11 @@ migrations! {
     4 "reads" "0004_reads.sql";
     5 "queue" "0005_queue.sql";
     6 "fencing" "0006_fencing.sql";
+    7 "seq_floor" "0007_seq_floor.sql";
 }
 
 /// The newest schema version this library knows.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// A backend's part of migrating: what cannot be said in one text for both dialects.
 #[derive(Debug)]

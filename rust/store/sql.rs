@@ -22,13 +22,20 @@ pub const GET_BLOB_SQL: Sql = Sql::same("SELECT bytes FROM blobs WHERE digest = 
 /// lock of the IMMEDIATE transaction makes max + 1 race-free, and `UNIQUE(resource_id,
 /// revision)` proves one event per revision even if it were not.
 ///
-/// PostgreSQL: the caller holds the run's row lock (`Tx::lock_run`), taken by an earlier
-/// statement, so this statement's snapshot already sees the previous writer's events; the casts
-/// type the parameters, which a SELECT list does not.
+/// SQLite: `seq` is numbered here, above both the newest `seq` and `event_seq_floor` (which
+/// prune raises before it deletes the newest events), so a number is never handed out twice;
+/// left to SQLite, a rowid is max + 1 and would repeat a pruned one. Both are single probes
+/// (the rowid's last entry, the floor's one row), read once per statement.
+///
+/// PostgreSQL: `seq` is the identity sequence's. The caller holds the run's row lock
+/// (`Tx::lock_run`), taken by an earlier statement, so this statement's snapshot already sees
+/// the previous writer's events; the casts type the parameters, which a SELECT list does not.
 pub const INSERT_EVENT_SQL: Sql = Sql::split(
-    "INSERT INTO events(resource_id, revision, type, actor_type,
+    "INSERT INTO events(seq, resource_id, revision, type, actor_type,
     actor_id, generation, payload, idempotency_key, ts)
-    SELECT ?1, coalesce(max(revision), 0) + 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
+    SELECT max(coalesce((SELECT max(seq) FROM events), 0),
+        (SELECT seq FROM event_seq_floor WHERE id = 1)) + 1,
+      ?1, coalesce(max(revision), 0) + 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
     FROM events WHERE resource_id = ?1",
     "INSERT INTO events(resource_id, revision, type, actor_type,
     actor_id, generation, payload, idempotency_key, ts)

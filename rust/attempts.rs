@@ -18,10 +18,12 @@ use crate::ids::new_dispatch_id;
 use crate::leases::{self, Fence};
 use crate::model::{Reservation, ReservationKind};
 use crate::status::{run_state, AttemptStatus};
-use crate::store::{sql, BatchStatements, DbResult, Row, Store, Tx};
+use crate::store::{sql, BatchStatements, Store, Tx};
 
+pub(crate) mod judge;
 mod read;
 mod spec;
+use judge::{LatestAttempt, ReserveVerdict};
 pub use read::{accounting, attempts, orphans, unit, unit_counts, units, UnitFilter};
 pub use spec::{FinishSpec, UnitSpec};
 
@@ -102,39 +104,27 @@ fn reserve_set(
     now_ms: i64,
 ) -> Result<Vec<Reservation>> {
     let ids = events::json_array(&units.iter().map(|u| u.unit_id.clone()).collect::<Vec<_>>());
-    let mut latest: std::collections::HashMap<String, Latest> = std::collections::HashMap::new();
-    for (unit_id, l) in tx.rows(&batch.latest_attempts, params![run_id, ids], |r| {
-        Ok((
-            r.get::<String>(0)?,
-            (
-                r.get::<i64>(1)?,
-                r.get::<String>(2)?,
-                r.get::<AttemptStatus>(3)?,
-                r.get::<Option<String>>(4)?,
-                r.get::<Option<String>>(5)?,
-            ),
-        ))
-    })? {
-        latest.insert(unit_id, l);
-    }
+    let latest: std::collections::HashMap<String, LatestAttempt> = tx
+        .rows(&batch.latest_attempts, params![run_id, ids], |r| {
+            Ok((r.get::<String>(0)?, LatestAttempt::from_row(r, 1)?))
+        })?
+        .into_iter()
+        .collect();
     let mut out = Vec::with_capacity(units.len());
     let mut rows = Vec::new();
     for (u, dispatch_id) in units.iter().zip(dispatch_ids) {
-        let l = latest.get(&u.unit_id);
-        if let Some(l) = l.filter(|l| l.2 == AttemptStatus::Running) {
-            out.push(reclaim(tx, run_id, u, l, actor.generation)?);
-            continue;
+        match judge::reserve(latest.get(&u.unit_id), u)? {
+            ReserveVerdict::Reclaim(l) => out.push(reclaim(tx, run_id, u, l, actor.generation)?),
+            ReserveVerdict::New { attempt } => out.push(new_attempt(
+                &mut rows,
+                run_id,
+                u,
+                attempt,
+                dispatch_id,
+                actor,
+                now_ms,
+            )),
         }
-        let attempt = l.map_or(1, |l| l.0 + 1);
-        out.push(new_attempt(
-            &mut rows,
-            run_id,
-            u,
-            attempt,
-            dispatch_id,
-            actor,
-            now_ms,
-        ));
     }
     write_rows(tx, &batch.reserve_group, rows)?;
     Ok(out)
@@ -241,13 +231,12 @@ fn new_attempt_row(
 /// A winning finish's row for the set-based finish statement, the `index`-th of its batch.
 pub(crate) fn finish_row(
     f: &FinishSpec,
-    step_id: Option<String>,
-    phase: String,
+    won: judge::RunningAttempt,
     actor: &Actor<'_>,
     now_ms: i64,
     index: usize,
 ) -> Value {
-    let payload = finished_payload(f, step_id, phase);
+    let payload = finished_payload(f, won.step_id, won.phase);
     let mut row = vec![
         ("attempt".into(), Value::Int(f.attempt)),
         ("dispatch_id".into(), Value::Str(f.dispatch_id.clone())),
@@ -303,22 +292,13 @@ fn reserve_one(
     actor: &Actor<'_>,
     now_ms: i64,
 ) -> Result<Reservation> {
-    let latest: Option<Latest> =
-        tx.row(&sql::LATEST_ATTEMPT_SQL, params![run_id, u.unit_id], |r| {
-            Ok((
-                r.get::<i64>(0)?,
-                r.get::<String>(1)?,
-                r.get::<AttemptStatus>(2)?,
-                r.get::<Option<String>>(3)?,
-                r.get::<Option<String>>(4)?,
-            ))
-        })?;
-    if let Some(l) = &latest {
-        if l.2 == AttemptStatus::Running {
-            return reclaim(tx, run_id, u, l, actor.generation);
-        }
-    }
-    let attempt = latest.as_ref().map_or(1, |l| l.0 + 1);
+    let latest = tx.row(&sql::LATEST_ATTEMPT_SQL, params![run_id, u.unit_id], |r| {
+        LatestAttempt::from_row(r, 0)
+    })?;
+    let attempt = match judge::reserve(latest.as_ref(), u)? {
+        ReserveVerdict::Reclaim(l) => return reclaim(tx, run_id, u, l, actor.generation),
+        ReserveVerdict::New { attempt } => attempt,
+    };
     tx.exec_later(
         &sql::RESERVE_ATTEMPT_UNIT_SQL,
         params![
@@ -360,50 +340,23 @@ fn reserve_one(
     Ok(reserved(run_id, u, attempt, dispatch_id, actor))
 }
 
-/// The latest attempt of a unit: number, dispatch id, status, step, input hash.
-type Latest = (i64, String, AttemptStatus, Option<String>, Option<String>);
-
-/// Hand a still-running attempt back in place: same number and dispatch id, one more reclaim,
-/// no event (the attempt started once; a second `unit.started` would count it twice).
+/// Hand a still-running attempt back in place (the judge has checked it is the same work):
+/// same number and dispatch id, one more reclaim, no event (the attempt started once; a second
+/// `unit.started` would count it twice).
 fn reclaim(
     tx: &dyn Tx,
     run_id: &str,
     u: &UnitSpec,
-    latest: &Latest,
+    latest: &LatestAttempt,
     generation: Option<i64>,
 ) -> Result<Reservation> {
-    let (attempt, dispatch, _, step, input) = latest;
-    if step.as_deref() != Some(u.step_id.as_str()) {
-        return Err(LedgerError::invalid(
-            "step_id",
-            format!(
-                "attempt {attempt} of unit {:?} is still running for step {:?}; finish it before \
-                 reserving the unit for step {:?}",
-                u.unit_id,
-                step.as_deref().unwrap_or(""),
-                u.step_id
-            ),
-        ));
-    }
-    if let (Some(want), Some(had)) = (&u.input_hash, input) {
-        if want != had {
-            return Err(LedgerError::invalid(
-                "input_hash",
-                format!(
-                    "attempt {attempt} of unit {:?} is still running with input {had:?}; a \
-                     reclaim cannot change the input to {want:?} (finish it first)",
-                    u.unit_id
-                ),
-            ));
-        }
-    }
     let (reclaims, lease_generation) = tx
         .row(
             &sql::RECLAIM_ATTEMPT_SQL,
             params![
                 run_id,
                 u.unit_id,
-                attempt,
+                latest.attempt,
                 u.holder,
                 generation,
                 u.trace_context
@@ -416,8 +369,8 @@ fn reclaim(
         run_id: run_id.to_owned(),
         unit_id: u.unit_id.clone(),
         kind: ReservationKind::Reclaimed,
-        attempt: *attempt,
-        dispatch_id: dispatch.clone(),
+        attempt: latest.attempt,
+        dispatch_id: latest.dispatch_id.clone(),
         reclaims,
         lease_generation,
     })
@@ -467,24 +420,7 @@ pub(crate) fn finish_in(
     Ok(out)
 }
 
-/// A finish's identity: run, unit, attempt, dispatch id.
-pub(crate) type FinishKey = (String, String, i64, String);
-
-/// A still-running attempt as the running-attempts statement answers it: its identity, then
-/// its step and phase (what its `unit.finished` event carries).
-pub(crate) type Running = (FinishKey, (Option<String>, String));
-
 impl FinishSpec {
-    /// The attempt this finish names.
-    pub(crate) fn key(&self) -> FinishKey {
-        (
-            self.run_id.clone(),
-            self.unit_id.clone(),
-            self.attempt,
-            self.dispatch_id.clone(),
-        )
-    }
-
     /// The attempt this finish names, as a row of the running-attempts statement's argument.
     pub(crate) fn key_row(&self) -> Value {
         Value::Object(vec![
@@ -494,14 +430,6 @@ impl FinishSpec {
             ("unit_id".into(), Value::Str(self.unit_id.clone())),
         ])
     }
-}
-
-/// A row of the running-attempts statement.
-pub(crate) fn running_row(r: &dyn Row) -> DbResult<Running> {
-    Ok((
-        (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?),
-        (r.get(4)?, r.get(5)?),
-    ))
 }
 
 /// The batch path of a store that offers batch statements: the runs locked in sorted order (two batches over the same
@@ -533,23 +461,23 @@ fn finish_set(
         }
     }
     let keys = Value::Array(finishes.iter().map(FinishSpec::key_row).collect());
-    let mut running: std::collections::HashMap<FinishKey, (Option<String>, String)> = tx
+    let mut running = tx
         .rows(
             &batch.running_attempts,
             params![into_text(to_vec(&keys))],
-            running_row,
+            judge::running_row,
         )?
         .into_iter()
         .collect();
     let mut out = Vec::with_capacity(finishes.len());
     let mut rows = Vec::new();
     for f in finishes {
-        // `remove`: a second identical finish in the batch finds nothing, like a late one.
-        let Some((step_id, phase)) = running.remove(&f.key()) else {
+        // A second identical finish in the batch finds nothing, like a late one.
+        let Some(won) = judge::finish(&mut running, f) else {
             out.push(false);
             continue;
         };
-        rows.push(finish_row(f, step_id, phase, &actor, now_ms, rows.len()));
+        rows.push(finish_row(f, won, &actor, now_ms, rows.len()));
         out.push(true);
     }
     write_rows(tx, &batch.finish_group, rows)?;

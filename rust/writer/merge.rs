@@ -21,9 +21,8 @@
 
 use std::collections::HashMap;
 
-use crate::attempts::{
-    finish_row, new_attempt, running_row, write_rows, FinishKey, FinishSpec, UnitSpec,
-};
+use crate::attempts::judge::{self, AttemptKey, LatestAttempt, ReserveVerdict, RunningAttempt};
+use crate::attempts::{finish_row, new_attempt, write_rows, FinishSpec, UnitSpec};
 use crate::canonical::{into_text, to_vec, Value};
 use crate::errors::{LedgerError, Result};
 use crate::events::Actor;
@@ -41,18 +40,12 @@ pub(crate) struct Merged {
     pub order: Vec<usize>,
 }
 
-/// The latest attempt of a (run, unit): its number and whether it is still running.
-struct Latest {
-    attempt: i64,
-    running: bool,
-}
-
 /// Everything the group read, kept up to date as calls are accepted.
 #[derive(Default)]
 struct Overlay {
     runs: HashMap<String, (RunState, Option<FenceRow>)>,
-    latest: HashMap<(String, String), Latest>,
-    running: HashMap<FinishKey, (Option<String>, String)>,
+    latest: HashMap<(String, String), LatestAttempt>,
+    running: HashMap<AttemptKey, RunningAttempt>,
 }
 
 /// The rows each kind's statement writes.
@@ -203,14 +196,11 @@ fn read(tx: &dyn Tx, batch: &BatchStatements, ops: &[&Op]) -> Result<Overlay> {
                 overlay.runs.insert(r.get(0)?, (state, lease));
             }
             1 => {
-                let latest = Latest {
-                    attempt: r.get(2)?,
-                    running: r.get::<AttemptStatus>(4)? == AttemptStatus::Running,
-                };
+                let latest = LatestAttempt::from_row(r, 2)?;
                 overlay.latest.insert((r.get(0)?, r.get(1)?), latest);
             }
             _ => {
-                let (key, attempt) = running_row(r)?;
+                let (key, attempt) = judge::running_row(r)?;
                 overlay.running.insert(key, attempt);
             }
         }
@@ -229,7 +219,7 @@ fn read(tx: &dyn Tx, batch: &BatchStatements, ops: &[&Op]) -> Result<Overlay> {
 }
 
 /// The fence check of a call on `run_id`, against the overlay's lease.
-fn judge(
+fn check_fence(
     overlay: &Overlay,
     run_id: &str,
     fence: Option<&Fence>,
@@ -248,7 +238,7 @@ fn heartbeat(
     lease_ms: i64,
     now_ms: i64,
 ) -> Result<Output> {
-    let actor = judge(overlay, &fence.run_id, Some(fence), now_ms)?;
+    let actor = check_fence(overlay, &fence.run_id, Some(fence), now_ms)?;
     let expires_at = now_ms.saturating_add(lease_ms);
     if let Some(lease) = overlay
         .runs
@@ -290,12 +280,12 @@ fn finish(
     // call writes nothing. A claim names one run, so every finish has the same actor.
     let mut actor = Actor::default();
     for f in finishes {
-        actor = judge(overlay, &f.run_id, fence, now_ms)?;
+        actor = check_fence(overlay, &f.run_id, fence, now_ms)?;
     }
     let mut out = Vec::with_capacity(finishes.len());
     for f in finishes {
-        // `remove`: a second finish of the attempt, in this call or a later one, loses.
-        let Some((step_id, phase)) = overlay.running.remove(&f.key()) else {
+        // A second finish of the attempt, in this call or a later one, loses.
+        let Some(won) = judge::finish(&mut overlay.running, f) else {
             out.push(false);
             continue;
         };
@@ -304,12 +294,12 @@ fn finish(
             .get_mut(&(f.run_id.clone(), f.unit_id.clone()))
             .filter(|l| l.attempt == f.attempt)
         {
-            l.running = false;
+            l.status = AttemptStatus::parse(&f.status).unwrap_or(AttemptStatus::Completed);
         }
         let index = writes.finishes.len();
         writes
             .finishes
-            .push(finish_row(f, step_id, phase, &actor, now_ms, index));
+            .push(finish_row(f, won, &actor, now_ms, index));
         out.push(true);
     }
     Ok(Output::Finished(out))
@@ -326,7 +316,7 @@ fn reserve(
     fence: Option<&Fence>,
     now_ms: i64,
 ) -> Option<Result<Output>> {
-    let actor = match judge(overlay, run_id, fence, now_ms) {
+    let actor = match check_fence(overlay, run_id, fence, now_ms) {
         Ok(actor) => actor,
         Err(e) => return Some(Err(e)),
     };
@@ -338,28 +328,23 @@ fn reserve(
     if let Err(e) = state.require_active(run_id) {
         return Some(Err(e));
     }
-    let mut seen = std::collections::HashSet::with_capacity(units.len());
-    let plain = units.iter().all(|u| {
-        seen.insert(u.unit_id.as_str())
-            && !overlay
-                .latest
-                .get(&(run_id.to_owned(), u.unit_id.clone()))
-                .is_some_and(|l| l.running)
-    });
-    if !plain {
-        return None;
+    // Judged unit by unit as one by one would, each seeing the ones before it: a reclaim (or a
+    // refused one) is declined, as the snapshot holds no reclaim count; the call then runs
+    // alone on its savepoint, reading afresh.
+    let mut planned = Vec::with_capacity(units.len());
+    let mut mine: HashMap<&str, LatestAttempt> = HashMap::new();
+    for (u, dispatch_id) in units.iter().zip(dispatch_ids) {
+        let latest = mine
+            .get(u.unit_id.as_str())
+            .or_else(|| overlay.latest.get(&(run_id.to_owned(), u.unit_id.clone())));
+        let Ok(ReserveVerdict::New { attempt }) = judge::reserve(latest, u) else {
+            return None;
+        };
+        mine.insert(&u.unit_id, LatestAttempt::started(attempt, dispatch_id, u));
+        planned.push((u, dispatch_id, attempt));
     }
     let mut out = Vec::with_capacity(units.len());
-    for (u, dispatch_id) in units.iter().zip(dispatch_ids) {
-        let key = (run_id.to_owned(), u.unit_id.clone());
-        let attempt = overlay.latest.get(&key).map_or(1, |l| l.attempt + 1);
-        overlay.latest.insert(
-            key,
-            Latest {
-                attempt,
-                running: true,
-            },
-        );
+    for (u, dispatch_id, attempt) in planned {
         out.push(new_attempt(
             &mut writes.reserves,
             run_id,
@@ -369,6 +354,11 @@ fn reserve(
             &actor,
             now_ms,
         ));
+    }
+    for (unit_id, latest) in mine {
+        overlay
+            .latest
+            .insert((run_id.to_owned(), unit_id.to_owned()), latest);
     }
     Some(Ok(Output::Reservations(out)))
 }

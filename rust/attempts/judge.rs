@@ -1,0 +1,234 @@
+//! The rules of reserving and finishing, judged over what the store read: pure functions of a
+//! unit's latest attempt (a reservation) or of the still-running attempts a finish may name,
+//! so the one-by-one path, the batch path and a commit group's merge decide alike.
+//!
+//! - A reservation of a unit whose latest attempt is still running reclaims that attempt in
+//!   place (same number, same dispatch id), provided it is the same work: the same step, and
+//!   the same input where both name one. Otherwise it starts attempt n + 1 (1 for a new unit).
+//! - A finish wins exactly when the attempt it names (run, unit, attempt, dispatch id) is still
+//!   running; it then stops running, so a second finish of it loses.
+
+use std::collections::HashMap;
+
+use crate::errors::{LedgerError, Result};
+use crate::status::AttemptStatus;
+use crate::store::{DbResult, Row};
+
+use super::{FinishSpec, UnitSpec};
+
+/// The latest attempt of a unit, as the store reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LatestAttempt {
+    /// Its number.
+    pub attempt: i64,
+    /// Its dispatch id.
+    pub dispatch_id: String,
+    /// Its status.
+    pub status: AttemptStatus,
+    /// The step it was reserved for.
+    pub step_id: Option<String>,
+    /// The input it was reserved with.
+    pub input_hash: Option<String>,
+}
+
+impl LatestAttempt {
+    /// The five columns `attempt, dispatch_id, status, step_id, input_hash` of `r`, from
+    /// column `at` on (every latest-attempt statement reads them in this order).
+    pub(crate) fn from_row(r: &dyn Row, at: usize) -> DbResult<Self> {
+        Ok(Self {
+            attempt: r.get(at)?,
+            dispatch_id: r.get(at + 1)?,
+            status: r.get(at + 2)?,
+            step_id: r.get(at + 3)?,
+            input_hash: r.get(at + 4)?,
+        })
+    }
+
+    /// The attempt a new reservation makes: running, for `u`.
+    pub(crate) fn started(attempt: i64, dispatch_id: &str, u: &UnitSpec) -> Self {
+        Self {
+            attempt,
+            dispatch_id: dispatch_id.to_owned(),
+            status: AttemptStatus::Running,
+            step_id: Some(u.step_id.clone()),
+            input_hash: u.input_hash.clone(),
+        }
+    }
+}
+
+/// What a reservation of a unit does.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ReserveVerdict<'a> {
+    /// Start this attempt number.
+    New {
+        /// The new attempt's number.
+        attempt: i64,
+    },
+    /// Hand the still-running latest attempt back in place.
+    Reclaim(&'a LatestAttempt),
+}
+
+/// Judge a reservation of `u` whose latest attempt is `latest`.
+pub(crate) fn reserve<'a>(
+    latest: Option<&'a LatestAttempt>,
+    u: &UnitSpec,
+) -> Result<ReserveVerdict<'a>> {
+    let Some(l) = latest else {
+        return Ok(ReserveVerdict::New { attempt: 1 });
+    };
+    if l.status != AttemptStatus::Running {
+        return Ok(ReserveVerdict::New {
+            attempt: l.attempt + 1,
+        });
+    }
+    // One dispatch id must never stand for two different pieces of work.
+    if l.step_id.as_deref() != Some(u.step_id.as_str()) {
+        return Err(LedgerError::invalid(
+            "step_id",
+            format!(
+                "attempt {} of unit {:?} is still running for step {:?}; finish it before \
+                 reserving the unit for step {:?}",
+                l.attempt,
+                u.unit_id,
+                l.step_id.as_deref().unwrap_or(""),
+                u.step_id
+            ),
+        ));
+    }
+    if let (Some(want), Some(had)) = (&u.input_hash, &l.input_hash) {
+        if want != had {
+            return Err(LedgerError::invalid(
+                "input_hash",
+                format!(
+                    "attempt {} of unit {:?} is still running with input {had:?}; a reclaim \
+                     cannot change the input to {want:?} (finish it first)",
+                    l.attempt, u.unit_id
+                ),
+            ));
+        }
+    }
+    Ok(ReserveVerdict::Reclaim(l))
+}
+
+/// The attempt a finish names.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct AttemptKey {
+    /// Its run.
+    pub run_id: String,
+    /// Its unit.
+    pub unit_id: String,
+    /// Its number.
+    pub attempt: i64,
+    /// Its dispatch id.
+    pub dispatch_id: String,
+}
+
+/// What a still-running attempt's `unit.finished` event carries of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunningAttempt {
+    /// The step it was reserved for.
+    pub step_id: Option<String>,
+    /// `unit` or `gate`.
+    pub phase: String,
+}
+
+impl FinishSpec {
+    /// The attempt this finish names.
+    pub(crate) fn key(&self) -> AttemptKey {
+        AttemptKey {
+            run_id: self.run_id.clone(),
+            unit_id: self.unit_id.clone(),
+            attempt: self.attempt,
+            dispatch_id: self.dispatch_id.clone(),
+        }
+    }
+}
+
+/// A row of a running-attempts statement: `run_id, unit_id, attempt, dispatch_id, step_id,
+/// phase`.
+pub(crate) fn running_row(r: &dyn Row) -> DbResult<(AttemptKey, RunningAttempt)> {
+    Ok((
+        AttemptKey {
+            run_id: r.get(0)?,
+            unit_id: r.get(1)?,
+            attempt: r.get(2)?,
+            dispatch_id: r.get(3)?,
+        },
+        RunningAttempt {
+            step_id: r.get(4)?,
+            phase: r.get(5)?,
+        },
+    ))
+}
+
+/// Judge a finish against the still-running attempts: the attempt it names, if the finish
+/// wins. The attempt leaves `running`, so a second finish of it, in this batch or a later
+/// call judged over the same snapshot, loses.
+pub(crate) fn finish(
+    running: &mut HashMap<AttemptKey, RunningAttempt>,
+    f: &FinishSpec,
+) -> Option<RunningAttempt> {
+    running.remove(&f.key())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(step: &str, input: Option<&str>) -> UnitSpec {
+        UnitSpec {
+            unit_id: "u".into(),
+            step_id: step.into(),
+            input_hash: input.map(Into::into),
+            ..UnitSpec::default()
+        }
+    }
+
+    fn latest(status: AttemptStatus, input: Option<&str>) -> LatestAttempt {
+        LatestAttempt {
+            attempt: 3,
+            dispatch_id: "d".into(),
+            status,
+            step_id: Some("s".into()),
+            input_hash: input.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn a_reservation_starts_the_next_attempt_or_reclaims_the_running_one() {
+        let u = unit("s", Some("i"));
+        assert_eq!(
+            reserve(None, &u).unwrap(),
+            ReserveVerdict::New { attempt: 1 }
+        );
+        let done = latest(AttemptStatus::Failed, Some("other"));
+        assert_eq!(
+            reserve(Some(&done), &u).unwrap(),
+            ReserveVerdict::New { attempt: 4 }
+        );
+        let running = latest(AttemptStatus::Running, Some("i"));
+        assert_eq!(
+            reserve(Some(&running), &u).unwrap(),
+            ReserveVerdict::Reclaim(&running)
+        );
+        let unnamed = latest(AttemptStatus::Running, None);
+        assert_eq!(
+            reserve(Some(&unnamed), &u).unwrap(),
+            ReserveVerdict::Reclaim(&unnamed)
+        );
+    }
+
+    #[test]
+    fn a_reclaim_never_changes_the_work() {
+        let running = latest(AttemptStatus::Running, Some("i"));
+        for (u, argument) in [
+            (unit("t", Some("i")), "step_id"),
+            (unit("s", Some("j")), "input_hash"),
+        ] {
+            match reserve(Some(&running), &u) {
+                Err(LedgerError::InvalidArgument { argument: a, .. }) => assert_eq!(a, argument),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}

@@ -166,7 +166,7 @@ pub(crate) fn check_against(
         return Ok(Actor::default());
     };
     claim_names(fence, run_id)?;
-    judge(lease()?.as_ref(), fence, now_ms)
+    judge_fence(lease()?.as_ref(), fence, now_ms)
 }
 
 /// A claim presented for `run_id` must name it.
@@ -193,7 +193,7 @@ pub(crate) struct FenceRow {
 
 /// The fence check itself, on a lease row already read (`None`: the run has no lease row):
 /// the generation, the token hash and the expiry must all hold, else `LeaseLost`.
-fn judge(row: Option<&FenceRow>, fence: &Fence, now_ms: i64) -> Result<Actor<'static>> {
+fn judge_fence(row: Option<&FenceRow>, fence: &Fence, now_ms: i64) -> Result<Actor<'static>> {
     let lost = |actual: i64, reason: LostReason| LedgerError::LeaseLost {
         run_id: fence.run_id.clone(),
         expected_generation: fence.generation,
@@ -501,26 +501,38 @@ pub(crate) fn heartbeat_in(
 ) -> Result<Claim> {
     tx.lock_run(&fence.run_id)?;
     let actor = check(tx, &fence.run_id, Some(fence), now_ms)?;
-    let expires_at = now_ms.saturating_add(lease_ms);
+    let claim = renewed(fence, token, actor, lease_ms, now_ms);
     let changed = tx.exec(
         &sql::HEARTBEAT_SQL,
         params![
             fence.run_id,
             now_ms,
-            expires_at,
+            claim.expires_at,
             fence.generation,
             fence.token_hash
         ],
     )?;
     fenced_write(fence, changed)?;
-    Ok(Claim {
+    Ok(claim)
+}
+
+/// A heartbeat whose fence held (`actor` is the fence check's answer): the claim, renewed to
+/// expire `lease_ms` from now. One rule for a heartbeat alone and in a commit group.
+pub(crate) fn renewed(
+    fence: &Fence,
+    token: &str,
+    actor: Actor<'_>,
+    lease_ms: i64,
+    now_ms: i64,
+) -> Claim {
+    Claim {
         run_id: fence.run_id.clone(),
         generation: fence.generation,
         token: token.to_owned(),
         owner_id: actor.id.unwrap_or_default(),
-        expires_at,
+        expires_at: now_ms.saturating_add(lease_ms),
         taken_from: None,
-    })
+    }
 }
 
 /// Give a live claim up: the owner is cleared, the generation kept, `lease.released` appended.

@@ -27,7 +27,6 @@ use crate::canonical::{into_text, to_vec, Value};
 use crate::errors::{LedgerError, Result};
 use crate::events::Actor;
 use crate::leases::{self, Fence, FenceRow};
-use crate::model::Claim;
 use crate::params;
 use crate::status::{AttemptStatus, RunState};
 use crate::store::{BatchStatements, DbResult, Row, Tx};
@@ -239,34 +238,27 @@ fn heartbeat(
     now_ms: i64,
 ) -> Result<Output> {
     let actor = check_fence(overlay, &fence.run_id, Some(fence), now_ms)?;
-    let expires_at = now_ms.saturating_add(lease_ms);
+    let claim = leases::renewed(fence, token, actor, lease_ms, now_ms);
     if let Some(lease) = overlay
         .runs
         .get_mut(&fence.run_id)
         .and_then(|(_, l)| l.as_mut())
     {
-        lease.expires_at = Some(expires_at);
+        lease.expires_at = Some(claim.expires_at);
     }
     // One row per run: the last heartbeat's, which is what one by one leaves behind.
     writes.heartbeats.retain(|(run, _)| *run != fence.run_id);
     writes.heartbeats.push((
         fence.run_id.clone(),
         Value::Object(vec![
-            ("expires_at".into(), Value::Int(expires_at)),
+            ("expires_at".into(), Value::Int(claim.expires_at)),
             ("generation".into(), Value::Int(fence.generation)),
             ("heartbeat_at".into(), Value::Int(now_ms)),
             ("run_id".into(), Value::Str(fence.run_id.clone())),
             ("token_hash".into(), Value::Str(fence.token_hash.clone())),
         ]),
     ));
-    Ok(Output::Claim(Claim {
-        run_id: fence.run_id.clone(),
-        generation: fence.generation,
-        token: token.to_owned(),
-        owner_id: actor.id.unwrap_or_default(),
-        expires_at,
-        taken_from: None,
-    }))
+    Ok(Output::Claim(claim))
 }
 
 fn finish(

@@ -737,6 +737,103 @@ pub(super) fn random_groups_match_one_by_one(store: &mut dyn Store) {
     assert!(seen.iter().all(|&n| n > 0), "{seen:?}");
 }
 
+/// A reservation of `units` with the dispatch ids `ids` (drawn once, so a batch and the same
+/// units one at a time hand out the same ids).
+fn reserve_with(run: &str, units: Vec<UnitSpec>, ids: Vec<String>, now: i64) -> Op {
+    Op::Reserve {
+        run_id: run.into(),
+        units,
+        dispatch_ids: ids,
+        fence: None,
+        now_ms: now,
+    }
+}
+
+/// A batch call against the same work one unit at a time, in the batch's order, on a twin:
+/// the same answers, the same rows and events. On PostgreSQL a batch of distinct units is
+/// judged over one read and written by set statements; one unit at a time takes the
+/// one-by-one statements: both must decide alike (new attempts, reclaims of running ones, the
+/// next attempt of finished ones; winning, duplicate, wrong and late finishes).
+pub(super) fn batches_match_lone_calls(store: &mut dyn Store) {
+    for seed in 1..=6u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let (mut a, _keep_a) = twin(store);
+        let (mut b, _keep_b) = twin(store);
+        // u0 and u2 running, u1 and u3 finished, u4.. new.
+        let setup = reserve(
+            "q",
+            (0..4).map(|i| unit(&format!("u{i}"))).collect(),
+            None,
+            T0 + 2,
+        );
+        let done: Vec<Op> = [1, 3]
+            .iter()
+            .map(|&i| finishing("q", &format!("u{i}"), 1, &dispatch(&setup, i), None))
+            .collect();
+        for s in [a.as_mut(), b.as_mut()] {
+            started(s, "q");
+            for op in std::iter::once(&setup).chain(&done) {
+                run_group(s, &[op]).0.remove(0).expect("setup call");
+            }
+        }
+        // Distinct units, in a random order.
+        let mut pool: Vec<usize> = (0..8).collect();
+        let mut units = Vec::new();
+        for _ in 0..2 + rng.below(6) {
+            units.push(pool.remove(rng.below(pool.len())));
+        }
+        let specs: Vec<UnitSpec> = units.iter().map(|i| unit(&format!("u{i}"))).collect();
+        let ids: Vec<String> = (0..specs.len()).map(|i| format!("d{seed}-{i}")).collect();
+        let batch = reserve_with("q", specs.clone(), ids.clone(), T0 + 10);
+        let batched = run_group(a.as_mut(), &[&batch]).0.remove(0);
+        let mut alone = Vec::new();
+        for (u, id) in specs.into_iter().zip(ids) {
+            let op = reserve_with("q", vec![u], vec![id], T0 + 10);
+            alone.extend(
+                run_group(b.as_mut(), &[&op])
+                    .0
+                    .remove(0)
+                    .and_then(Output::reservations)
+                    .expect("reserved alone"),
+            );
+        }
+        let reserved = batched.and_then(Output::reservations).expect("reserved");
+        assert_eq!(reserved, alone, "seed {seed}");
+        // Finishes of what was reserved: some twice, some with a wrong id or a later attempt.
+        let mut finishes = Vec::new();
+        for r in &reserved {
+            let mut f = finish("q", &r.unit_id, r.attempt, &r.dispatch_id);
+            match rng.below(5) {
+                0 => f.dispatch_id = "wrong".into(),
+                1 => f.attempt += 1,
+                2 => finishes.push(f.clone()),
+                _ => {}
+            }
+            if rng.below(3) == 0 {
+                f.status = "failed".into();
+                f.failure_reason = Some("boom".into());
+            }
+            finishes.push(f);
+        }
+        let batch = Op::finish(finishes.clone(), None, T0 + 20).expect("finish op");
+        let batched = run_group(a.as_mut(), &[&batch]).0.remove(0);
+        let mut alone = Vec::new();
+        for f in finishes {
+            let op = Op::finish(vec![f], None, T0 + 20).expect("finish op");
+            match run_group(b.as_mut(), &[&op]).0.remove(0) {
+                Ok(Output::Finished(won)) => alone.extend(won),
+                other => panic!("seed {seed}: {other:?}"),
+            }
+        }
+        assert_eq!(batched, Ok(Output::Finished(alone)), "seed {seed}");
+        assert_eq!(
+            rows_of(a.as_mut(), &["q"]),
+            rows_of(b.as_mut(), &["q"]),
+            "seed {seed}"
+        );
+    }
+}
+
 /// Round trips a grouped call waited for on this thread so far (0 on SQLite).
 #[cfg(feature = "postgres")]
 fn round_trips(store: &mut dyn Store) -> u64 {
@@ -791,6 +888,18 @@ fn merged_groups_take_few_round_trips(store: &mut dyn Store) {
         );
     }
     assert!(more[0] <= 3 && more[1] == 2, "{spent:?} then {more:?}");
+}
+
+#[test]
+fn batches_match_lone_calls_on_sqlite() {
+    batches_match_lone_calls(store::testing::sqlite_memory().as_mut());
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn batches_match_lone_calls_on_postgres() {
+    let (mut store, _schema) = store::testing::postgres_fresh();
+    batches_match_lone_calls(store.as_mut());
 }
 
 #[test]

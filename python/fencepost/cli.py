@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
 import fencepost as fp
-from fencepost import _core, _doctor, demo
+from fencepost import _archive, _core, _doctor, demo
 from fencepost._format import iso, key_values, plain, table, write_json
 from fencepost.ledger import _parse_target
 
@@ -498,7 +498,7 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument(
         "--max-line-bytes",
         type=int,
-        default=64 * 1024 * 1024,
+        default=_archive.MAX_LINE_BYTES,
         metavar="N",
         help="the longest line (one run tree) to read; longer ones are refused (default 64 MiB)",
     )

@@ -158,10 +158,7 @@ fn prune_takes_whole_terminal_trees(store: &mut dyn Store) {
     let left: Vec<String> = dump(store)
         .into_iter()
         .flat_map(|(t, rows)| {
-            let key = archive::tables()
-                .find(|x| x.name == t)
-                .and_then(|x| x.columns.iter().position(|c| *c == x.key))
-                .unwrap_or(0);
+            let key = archive::table(t).key_position();
             rows.into_iter()
                 .filter_map(move |r| r[key].text().map(str::to_owned))
         })

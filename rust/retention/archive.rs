@@ -46,6 +46,36 @@ pub struct Table {
     pub order: &'static str,
 }
 
+impl Table {
+    /// Where `column` sits in this table's rows.
+    ///
+    /// # Panics
+    ///
+    /// When the table has no such column: callers name columns of the tables above.
+    pub fn position(&self, column: &str) -> usize {
+        self.columns
+            .iter()
+            .position(|c| *c == column)
+            .unwrap_or_else(|| panic!("{} has no column {column}", self.name))
+    }
+
+    /// Where this table's key column sits.
+    pub fn key_position(&self) -> usize {
+        self.position(self.key)
+    }
+}
+
+/// The archived table named `name`.
+///
+/// # Panics
+///
+/// When no archived table has that name: callers name the tables above.
+pub fn table(name: &str) -> &'static Table {
+    tables()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("{name} is not an archived table"))
+}
+
 /// The tables of a run tree, parents before the rows that refer to them (the order `restore`
 /// inserts in; `prune` deletes in the reverse).
 pub const RUN_TABLES: [Table; 6] = [

@@ -413,7 +413,8 @@ impl Pruner {
             }
         }
         let digests = referenced_digests(tx, &ids_json)?;
-        tx.rows(&sql::SEQ_FLOOR_SQL, params![], |_| Ok(()))?;
+        // Queued: on PostgreSQL its no-op goes out with the next statement, not on its own.
+        tx.exec_later(&sql::SEQ_FLOOR_SQL, params![])?;
         tx.exec(&sql::PRUNING_INSERT_SQL, params![ids_json])?;
         for table in RUN_TABLES.iter().rev() {
             let n = tx.exec(&archive::statements(table).delete, params![ids_json])? as u64;
@@ -467,13 +468,7 @@ fn referenced_digests(tx: &dyn Tx, ids_json: &str) -> Result<Vec<String>> {
 fn blob_positions() -> Vec<usize> {
     RUN_BLOB_COLUMNS
         .iter()
-        .map(|c| {
-            RUN_TABLES[0]
-                .columns
-                .iter()
-                .position(|x| x == c)
-                .expect("a blob column of runs")
-        })
+        .map(|c| RUN_TABLES[0].position(c))
         .collect()
 }
 
@@ -503,12 +498,8 @@ fn archive_lines(
     let mut digests: HashMap<&str, Vec<String>> = HashMap::new();
     for table in &RUN_TABLES {
         let rows = read_rows(tx, table, ids_json)?;
+        let key_at = table.key_position();
         for row in rows {
-            let key_at = table
-                .columns
-                .iter()
-                .position(|c| *c == table.key)
-                .unwrap_or(0);
             let Some(root) = row[key_at].text().and_then(|id| root_of.get(id)) else {
                 continue;
             };

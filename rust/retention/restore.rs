@@ -76,10 +76,7 @@ fn bad(line: u64, why: impl std::fmt::Display) -> LedgerError {
 ///
 /// Never for the archived tables' own columns, the only ones asked for.
 fn at(table: &str, column: &str) -> usize {
-    archive::tables()
-        .find(|t| t.name == table)
-        .and_then(|t| t.columns.iter().position(|c| *c == column))
-        .expect("a column of an archived table")
+    archive::table(table).position(column)
 }
 
 fn int(cell: &Cell) -> Option<i64> {
@@ -268,16 +265,17 @@ impl Reader {
         for id in tree.run_ids() {
             self.seen.insert(id.to_owned());
         }
+        self.max_seq = self.max_seq.max(tree.highest_seq());
+        let key_at = at("events", "idempotency_key");
         for row in tree.rows_of("events") {
-            let seq = int(&row[0]).unwrap_or(0);
-            self.seqs.insert(seq);
-            self.max_seq = self.max_seq.max(seq);
-            if let Some(key) = row[at("events", "idempotency_key")].text() {
+            self.seqs.insert(int(&row[0]).unwrap_or(0));
+            if let Some(key) = row[key_at].text() {
                 self.idempotency_keys.insert(key.to_owned());
             }
         }
+        let dispatch_at = at("attempts", "dispatch_id");
         for row in tree.rows_of("attempts") {
-            if let Some(id) = row[at("attempts", "dispatch_id")].text() {
+            if let Some(id) = row[dispatch_at].text() {
                 self.dispatch_ids.insert(id.to_owned());
             }
         }
@@ -288,9 +286,7 @@ impl Reader {
     /// then the rows' ties to each other, then keys against the rest of the archive.
     fn check_tree(&self, tree: &Tree) -> std::result::Result<(), String> {
         for (table, rows) in &tree.rows {
-            let columns = archive::tables()
-                .find(|t| t.name == *table)
-                .map_or(&[][..], |t| t.columns);
+            let columns = archive::table(table).columns;
             for row in rows {
                 for (column, value) in columns.iter().zip(row) {
                     if let Some(why) = rules::check(table, column, value) {
@@ -305,7 +301,7 @@ impl Reader {
         }
         let ids: HashSet<&str> = runs.iter().copied().collect();
         for table in &archive::RUN_TABLES {
-            let key_at = at(table.name, table.key);
+            let key_at = table.key_position();
             if let Some(row) = tree
                 .rows_of(table.name)
                 .iter()
@@ -335,30 +331,26 @@ impl Reader {
         let twice = |what: &str, key: &dyn std::fmt::Display| {
             Err(format!("{what} {key} is in the archive twice"))
         };
+        // Against the trees before this one, and within this one.
+        let (key_at, dispatch_at) = (
+            at("events", "idempotency_key"),
+            at("attempts", "dispatch_id"),
+        );
+        let (mut seqs, mut keys, mut dispatch_ids) =
+            (HashSet::new(), HashSet::new(), HashSet::new());
         for row in tree.rows_of("events") {
-            if self.seqs.contains(&int(&row[0]).unwrap_or(0)) {
+            let seq = int(&row[0]).unwrap_or(0);
+            if self.seqs.contains(&seq) || !seqs.insert(seq) {
                 return twice("events.seq", &row[0]);
             }
-            if let Some(key) = row[at("events", "idempotency_key")].text() {
-                if self.idempotency_keys.contains(key) {
+            if let Some(key) = row[key_at].text() {
+                if self.idempotency_keys.contains(key) || !keys.insert(key) {
                     return twice("events.idempotency_key", &Cell::Text(key.to_owned()));
                 }
             }
         }
-        let (mut seqs, mut keys) = (HashSet::new(), HashSet::new());
-        for row in tree.rows_of("events") {
-            if !seqs.insert(&row[0]) {
-                return twice("events.seq", &row[0]);
-            }
-            if let Some(key) = row[at("events", "idempotency_key")].text() {
-                if !keys.insert(key) {
-                    return twice("events.idempotency_key", &Cell::Text(key.to_owned()));
-                }
-            }
-        }
-        let mut dispatch_ids = HashSet::new();
         for row in tree.rows_of("attempts") {
-            if let Some(id) = row[at("attempts", "dispatch_id")].text() {
+            if let Some(id) = row[dispatch_at].text() {
                 if self.dispatch_ids.contains(id) || !dispatch_ids.insert(id) {
                     return twice("attempts.dispatch_id", &Cell::Text(id.to_owned()));
                 }

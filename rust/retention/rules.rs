@@ -7,6 +7,7 @@
 //! column, instead of reaching the database (whose constraints would fail halfway through, with
 //! a raw message) or, worse, being stored and breaking every later read of its run.
 
+use crate::blobs::check_digest;
 use crate::canonical::{self, Value, MAX_SAFE_INTEGER};
 use crate::ids::{check_name, check_prose, check_run_id, check_text, MAX_NAME, MAX_RUN_ID, PROSE};
 use crate::leases::{MAX_CLOCK_MS, MAX_LEASE_MS};
@@ -208,8 +209,8 @@ pub fn check(table: &str, name: &str, cell: &Cell) -> Option<String> {
 fn text_fault(field: Field<'_>, s: &str, kind: Kind) -> Option<String> {
     let cell = || shown(&Cell::Text(s.to_owned()));
     // The API's checks name their argument; a field's name is made only for a refusal.
-    let named = |ok: bool, check: fn(&str, &str) -> crate::errors::Result<()>| {
-        (!ok).then(|| {
+    let named = |check: fn(&str, &str) -> crate::errors::Result<()>| {
+        check("", s).is_err().then(|| {
             check(&field.to_string(), s)
                 .err()
                 .map_or_else(String::new, |e| e.to_string())
@@ -229,16 +230,12 @@ fn text_fault(field: Field<'_>, s: &str, kind: Kind) -> Option<String> {
             )
         }),
         // "" is not a PROSE argument, so `check_text` bounds it as a key.
-        Kind::Key => named(check_text("", s).is_ok(), check_text),
-        Kind::Prose => named(check_prose("", s).is_ok(), check_prose),
+        Kind::Key => named(check_text),
+        Kind::Prose => named(check_prose),
         Kind::Json => canonical_fault(s).map(|why| format!("{field} {why}")),
-        Kind::Digest => {
-            let hex = s.strip_prefix("sha256:");
-            (!hex.is_some_and(|h| {
-                h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-            }))
-            .then(|| format!("{field} {} is not a sha256: digest", cell()))
-        }
+        Kind::Digest => check_digest("", s)
+            .is_err()
+            .then(|| format!("{field} {} is not a sha256: digest", cell())),
         Kind::Enum(known) => {
             (!known(s)).then(|| format!("{field} {} is not a value the ledger writes", cell()))
         }

@@ -16,15 +16,6 @@ use crate::errors::LedgerError;
 use crate::py::errors::to_pyerr;
 use crate::retention::{self, Lines, PruneReport, PruneSpec, Pruner};
 
-/// A Python callback's failure, kept to be raised as itself once the transaction is rolled
-/// back (the core sees only that the sink failed).
-fn sink_failed() -> LedgerError {
-    LedgerError::StoreError {
-        operation: "writing the archive".into(),
-        message: "the archive's file refused a write".into(),
-    }
-}
-
 pub(super) fn report<'py>(py: Python<'py>, r: &PruneReport) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("runs", r.runs)?;
@@ -79,14 +70,8 @@ impl PyLedger {
         let failed: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
         let mut write = |bytes: &[u8]| -> crate::errors::Result<()> {
             let Some(sink) = &sink else { return Ok(()) };
-            Python::attach(|py| sink.call1(py, (PyBytes::new(py, bytes),)).map(|_| ())).map_err(
-                |e| {
-                    *failed
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
-                    sink_failed()
-                },
-            )
+            Python::attach(|py| sink.call1(py, (PyBytes::new(py, bytes),)).map(|_| ()))
+                .map_err(|e| keep(&failed, e, "writing the archive"))
         };
         loop {
             let more = py.detach(|| {
@@ -164,7 +149,7 @@ impl PyLedger {
                 Some(p) => p.call1(py, (runs,)).map(|_| ()),
                 None => Ok(()),
             })
-            .map_err(|e| python_failed(&failed, e))
+            .map_err(|e| keep(&failed, e, "restoring"))
         };
         let restored = py.detach(|| {
             self.writer()?
@@ -184,15 +169,15 @@ impl PyLedger {
 /// Runs between two calls of restore's progress callback.
 const PROGRESS_RUNS: u64 = 500;
 
-/// Keep a Python exception to raise as itself once the store has rolled back; the core sees
-/// only that reading stopped.
-fn python_failed(failed: &std::sync::Mutex<Option<PyErr>>, e: PyErr) -> LedgerError {
+/// Keep a Python callback's exception (the archive's file, a progress callback) to raise as
+/// itself once the store has rolled back; the core sees only that `operation` stopped.
+fn keep(failed: &std::sync::Mutex<Option<PyErr>>, e: PyErr, operation: &str) -> LedgerError {
     *failed
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
     LedgerError::StoreError {
-        operation: "reading the archive".into(),
-        message: "the archive's file failed".into(),
+        operation: operation.into(),
+        message: "a Python callback raised; its exception is raised in place of this".into(),
     }
 }
 
@@ -214,7 +199,7 @@ impl Lines for PyLines<'_> {
                 let it = self.open.call0(py)?;
                 Ok::<_, PyErr>(it.bind(py).try_iter()?.into_any().unbind())
             })
-            .map_err(|e| python_failed(failed, e))?,
+            .map_err(|e| keep(failed, e, "reading the archive"))?,
         );
         Ok(())
     }
@@ -235,6 +220,6 @@ impl Lines for PyLines<'_> {
                 Some(line) => Ok(Some(line?.cast::<PyBytes>()?.as_bytes().to_vec())),
             }
         })
-        .map_err(|e: PyErr| python_failed(self.failed, e))
+        .map_err(|e: PyErr| keep(self.failed, e, "reading the archive"))
     }
 }

@@ -491,7 +491,7 @@ pub fn heartbeat(
     })
 }
 
-/// The body of [`heartbeat`] inside the caller's transaction.
+/// The body of [`heartbeat`] inside the caller's transaction: a judgment of one call.
 pub(crate) fn heartbeat_in(
     tx: &dyn Tx,
     fence: &Fence,
@@ -500,19 +500,11 @@ pub(crate) fn heartbeat_in(
     now_ms: i64,
 ) -> Result<Claim> {
     tx.lock_run(&fence.run_id)?;
-    let actor = check(tx, &fence.run_id, Some(fence), now_ms)?;
-    let claim = renewed(fence, token, actor, lease_ms, now_ms);
-    let changed = tx.exec(
-        &sql::HEARTBEAT_SQL,
-        params![
-            fence.run_id,
-            now_ms,
-            claim.expires_at,
-            fence.generation,
-            fence.token_hash
-        ],
-    )?;
-    fenced_write(fence, changed)?;
+    let mut keys = crate::plan::Keys::default();
+    keys.heartbeat(fence);
+    let mut judgment = crate::plan::Judgment::read(tx, keys)?;
+    let claim = judgment.heartbeat(fence, token, lease_ms, now_ms)?;
+    judgment.write(tx)?;
     Ok(claim)
 }
 

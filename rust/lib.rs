@@ -13,6 +13,7 @@ pub mod ids;
 pub mod leases;
 pub mod model;
 pub mod observe;
+pub(crate) mod plan;
 pub mod queue;
 pub mod retention;
 pub mod runs;

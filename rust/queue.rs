@@ -10,7 +10,6 @@
 
 use crate::params;
 
-use crate::attempts::write_rows;
 use crate::blobs;
 use crate::canonical::{into_text, to_vec, Json, Value};
 use crate::errors::{LedgerError, Result};
@@ -417,6 +416,18 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
         }
         Ok(claims)
     })
+}
+
+/// Queue the claim group statement on `rows`; it checks its own counts (anything but one row
+/// per part per row fails the transaction), so it needs no answer and goes out with the
+/// commit.
+fn write_rows(tx: &dyn Tx, sql: &crate::store::Sql, rows: Vec<Value>) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+    let json = into_text(to_vec(&Value::Array(rows)));
+    tx.exec_later(sql, crate::params![json, n])
 }
 
 /// One row of the claim group statement (`BatchStatements::claim_group`).

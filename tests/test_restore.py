@@ -373,7 +373,8 @@ def test_a_line_past_the_bound_is_refused_without_reading_it_whole(
     target: str, clock: FakeClock, tmp_path: pathlib.Path
 ) -> None:
     """A small gzip that expands to one 200 MB line: refused after 64 MiB of it, in a process
-    whose peak memory stays far below the line (it used to read the line whole, ~900 MB)."""
+    whose peak memory stays far below what reading the line whole costs (~900 MB). Typically
+    ~150 MB; the bound leaves room for the allocator's outliers (one run of the suite saw 403)."""
     bomb = tmp_path / "bomb.jsonl.gz"
     with gzip.open(bomb, "wb", compresslevel=9) as f:
         f.write(json.dumps({"fencepost_archive": 1, "schema_version": 6}).encode()[:-1])
@@ -400,7 +401,7 @@ def test_a_line_past_the_bound_is_refused_without_reading_it_whole(
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout.split()  # fmt: skip
     assert out[:2] == ["archive", "True"], out
-    assert int(out[2]) < 400, f"peak RSS {out[2]} MB"
+    assert int(out[2]) < 550, f"peak RSS {out[2]} MB"
 
 
 def test_max_line_bytes_bounds_each_line_and_is_checked(

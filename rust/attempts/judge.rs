@@ -1,6 +1,6 @@
 //! The rules of reserving and finishing, judged over what the store read: pure functions of a
 //! unit's latest attempt (a reservation) or of the still-running attempts a finish may name,
-//! so the one-by-one path, the batch path and a commit group's merge decide alike.
+//! so a call alone, a batch and a commit group decide alike (see `crate::plan`).
 //!
 //! - A reservation of a unit whose latest attempt is still running reclaims that attempt in
 //!   place (same number, same dispatch id), provided it is the same work: the same step, and
@@ -29,11 +29,16 @@ pub(crate) struct LatestAttempt {
     pub step_id: Option<String>,
     /// The input it was reserved with.
     pub input_hash: Option<String>,
+    /// How often it was reclaimed.
+    pub reclaims: i64,
+    /// The generation of the claim that handed it out last.
+    pub lease_generation: Option<i64>,
 }
 
 impl LatestAttempt {
-    /// The five columns `attempt, dispatch_id, status, step_id, input_hash` of `r`, from
-    /// column `at` on (every latest-attempt statement reads them in this order).
+    /// The seven columns `attempt, dispatch_id, status, step_id, input_hash, reclaims,
+    /// lease_generation` of `r`, from column `at` on (every latest-attempt statement reads
+    /// them in this order).
     pub(crate) fn from_row(r: &dyn Row, at: usize) -> DbResult<Self> {
         Ok(Self {
             attempt: r.get(at)?,
@@ -41,17 +46,26 @@ impl LatestAttempt {
             status: r.get(at + 2)?,
             step_id: r.get(at + 3)?,
             input_hash: r.get(at + 4)?,
+            reclaims: r.get(at + 5)?,
+            lease_generation: r.get(at + 6)?,
         })
     }
 
-    /// The attempt a new reservation makes: running, for `u`.
-    pub(crate) fn started(attempt: i64, dispatch_id: &str, u: &UnitSpec) -> Self {
+    /// The attempt a new reservation makes: running, for `u`, handed out under `generation`.
+    pub(crate) fn started(
+        attempt: i64,
+        dispatch_id: &str,
+        u: &UnitSpec,
+        generation: Option<i64>,
+    ) -> Self {
         Self {
             attempt,
             dispatch_id: dispatch_id.to_owned(),
             status: AttemptStatus::Running,
             step_id: Some(u.step_id.clone()),
             input_hash: u.input_hash.clone(),
+            reclaims: 0,
+            lease_generation: generation,
         }
     }
 }
@@ -191,6 +205,8 @@ mod tests {
             status,
             step_id: Some("s".into()),
             input_hash: input.map(Into::into),
+            reclaims: 0,
+            lease_generation: None,
         }
     }
 

@@ -16,6 +16,7 @@ pub mod migrate;
 mod parity;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod rows;
 pub mod sql;
 pub mod sqlite;
 #[cfg(test)]
@@ -205,28 +206,11 @@ impl Sql {
     }
 }
 
-/// The set-based statements of the attempts' batch path: each writes or reads a whole batch,
-/// passed as one JSON array, in one statement. A backend where every statement is a network
-/// round trip offers them ([`Tx::batch_statements`]); the parameters and result columns of
-/// each are documented with its text in that backend.
+/// The set-based statements of a backend where every statement is a network round trip
+/// ([`Tx::batch_statements`]); the parameters and result columns of each are documented with
+/// its text in that backend.
 #[derive(Debug)]
 pub struct BatchStatements {
-    /// The latest attempt of each of a run's units.
-    pub latest_attempts: Sql,
-    /// Which of a batch's finishes name a still-running attempt.
-    pub running_attempts: Sql,
-    /// A group's runs: status and current step, with the lease's fence columns.
-    pub group_runs: Sql,
-    /// The latest attempt of each (run, unit) a group's reservations name.
-    pub latest_attempts_group: Sql,
-    /// Every new attempt of a batch or group, over many runs, each row with its own actor and
-    /// time: unit projections, attempt rows and `unit.started` events.
-    pub reserve_group: Sql,
-    /// Every winning finish of a batch or group, each row with its own actor and time:
-    /// attempts, unit projections and `unit.finished` events.
-    pub finish_group: Sql,
-    /// Every renewed lease of a group, one row per run.
-    pub heartbeat_group: Sql,
     /// Every claim of a `claim_next`, one row per run: the leases' compare-and-set, the
     /// queued runs moved to `starting`, and the `lease.claimed` events.
     pub claim_group: Sql,
@@ -445,6 +429,22 @@ pub trait Tx {
     /// `FOR UPDATE` read), so [`Tx::lock_run`] need not send another. Whatever else the first
     /// lock of a transaction brings with it is still done. A no-op on SQLite.
     fn mark_run_locked(&self, run_id: &str) -> Result<()>;
+    /// Read what a judgment needs to know of `keys` (see [`rows`]), handing each row to `each`
+    /// with the part it belongs to, in any order. By default one statement per key, all in
+    /// one [`Tx::query_many`].
+    fn read_snapshot(
+        &self,
+        keys: &rows::SnapshotKeys<'_>,
+        each: &mut dyn FnMut(rows::Part, &dyn Row) -> DbResult<()>,
+    ) -> DbResult<()> {
+        rows::read_each(self, keys, each)
+    }
+    /// Write a judgment's rows, each kind in order; a row that does not change exactly what it
+    /// names fails the transaction (by the commit at the latest). By default one statement
+    /// per row.
+    fn write_rows(&self, writes: &rows::Writes<'_>) -> DbResult<()> {
+        rows::write_each(self, writes)
+    }
     /// The set-based batch statements, if this transaction pays a round trip per statement
     /// (PostgreSQL): an operation on many rows then writes them with one statement instead of
     /// one per row. `None` where a statement is an in-process call (SQLite): there the

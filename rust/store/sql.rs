@@ -312,19 +312,38 @@ pub const SET_OUTPUTS_SQL: Sql =
 
 // ------------------------------------------------------------------ attempts
 
-pub const LATEST_ATTEMPT_SQL: Sql = Sql::same(
-    "SELECT attempt, dispatch_id, status, step_id, input_hash
+/// What a judgment reads of a run (`store::rows::Part::Run`): its state and its lease's fence,
+/// one primary-key probe each.
+pub const SNAPSHOT_RUN_SQL: Sql = Sql::same(
+    "SELECT r.run_id, r.status, r.current_step_id, r.scope_key, r.workflow_ref, l.generation,
+        l.token_hash, l.expires_at, l.owner_type, l.owner_id
+    FROM runs r LEFT JOIN leases l ON l.resource_id = r.run_id
+    WHERE r.run_id = ?1",
+);
+/// A unit's latest attempt (`store::rows::Part::Latest`): the newest entry of the primary key's
+/// range for the unit.
+pub const SNAPSHOT_LATEST_SQL: Sql = Sql::same(
+    "SELECT run_id, unit_id, attempt, dispatch_id, status, step_id, input_hash, reclaims,
+        lease_generation
     FROM attempts WHERE run_id = ?1 AND unit_id = ?2 ORDER BY attempt DESC LIMIT 1",
 );
-/// A reclaim keeps the attempt number and dispatch id; it only records who holds it now.
-/// A reclaim under a claim records the reclaimer's generation (the claim's epoch): the
-/// dispatch id stays, and the attempt says which owner handed it out last.
+/// A named attempt, if it still runs (`store::rows::Part::Running`): a primary-key probe.
+pub const SNAPSHOT_RUNNING_SQL: Sql = Sql::same(
+    "SELECT run_id, unit_id, attempt, dispatch_id, step_id, phase
+    FROM attempts
+    WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3 AND dispatch_id = ?4
+      AND status = 'running'",
+);
+/// A reclaim keeps the attempt number and dispatch id; it only records who holds it now, and
+/// counts ?7 more reclaims (a judgment folds the reclaims of one attempt into one row). A
+/// reclaim under a claim records the reclaimer's generation (the claim's epoch): the dispatch
+/// id stays, and the attempt says which owner handed it out last. Guarded on `running`: the
+/// judge reclaimed a running attempt, so any other is a miscount.
 pub const RECLAIM_ATTEMPT_SQL: Sql = Sql::same(
-    "UPDATE attempts SET reclaims = reclaims + 1,
+    "UPDATE attempts SET reclaims = reclaims + ?7,
     holder = coalesce(?4, holder), lease_generation = coalesce(?5, lease_generation),
     trace_context = coalesce(?6, trace_context)
-    WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3
-    RETURNING reclaims, lease_generation",
+    WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3 AND status = 'running'",
 );
 /// Only when the holder changes: SQLite rewrites a row's page even when an UPDATE leaves every
 /// value as it was, and that page is one more WAL frame for the commit.
@@ -371,14 +390,14 @@ pub const RESERVE_ATTEMPT_INSERT_SQL: Sql = Sql::same(
     ?12)",
 );
 
-/// The finish compare-and-set, which makes every attempt finish once: only a still-running
-/// attempt with this exact dispatch id changes; a duplicate or late callback matches no row.
+/// A finish the judge found winning: still guarded as a compare-and-set (only a still-running
+/// attempt with this exact dispatch id changes), so a judgment over a stale snapshot would
+/// change no row and fail its count instead of finishing an attempt twice.
 pub const FINISH_ATTEMPT_SQL: Sql = Sql::same(
     "UPDATE attempts SET status = ?5, result = ?6, tokens = ?7,
     failure_reason = ?8, session_id = ?9, finished_at = ?10
     WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3 AND dispatch_id = ?4
-      AND status = 'running'
-    RETURNING step_id, phase",
+      AND status = 'running'",
 );
 /// Guarded on the attempt number: the projection must still show this attempt.
 pub const FINISH_ATTEMPT_UNIT_SQL: Sql = Sql::same(
@@ -472,9 +491,12 @@ pub const REFUSED_WRITE_SQL: Sql =
     Sql::same("UPDATE leases SET refused_writes = refused_writes + 1 WHERE resource_id = ?1");
 /// The fence is repeated in the statement itself (generation, token hash, unexpired), so the
 /// write cannot land on a lease that moved even if the check before it were skipped.
+/// A renewal the judge found live. The WHERE repeats the generation and token it judged, so a
+/// lease that moved on changes no row and fails the count. Not the expiry: an earlier
+/// heartbeat judged in the same transaction may be what keeps the claim live.
 pub const HEARTBEAT_SQL: Sql = Sql::same(
     "UPDATE leases SET heartbeat_at = ?2, expires_at = ?3
-    WHERE resource_id = ?1 AND generation = ?4 AND token_hash = ?5 AND expires_at > ?2",
+    WHERE resource_id = ?1 AND generation = ?4 AND token_hash = ?5",
 );
 /// Release clears the owner and keeps the generation: the next claim takes generation + 1.
 pub const RELEASE_SQL: Sql = Sql::same(

@@ -20,21 +20,20 @@
 //! alone, so a call that breaks the transaction fails by itself and its neighbours commit. A
 //! lost connection fails every call: the commit may have landed, so nothing is run again.
 //!
-//! On PostgreSQL, where every statement is a round trip, the group first answers its
-//! reservations, finishes and heartbeats together (see `merge`): one read for the whole
-//! group, each call judged in memory, one statement per kind. Only the calls it declines take
-//! the savepoint path, after it.
+//! Before any savepoint, the group answers its reservations, finishes and heartbeats together
+//! (see `crate::plan`): one read for the whole group, each call judged in memory, one write of
+//! all their rows. A refused call among them leaves nothing behind and needs no savepoint.
+//! Only the other kinds of call (claims, status moves, step completions) take the savepoint
+//! path, after it.
 //!
 //! The calls of a group were concurrent (none had returned), so any order of them is one its
 //! callers could have seen; the group's rows and events are those of the calls run one by one
-//! in the order it applied them ([`Outcome::order`]):
-//!
-//! - on the savepoint path alone (SQLite), arrival order;
-//! - on PostgreSQL, first the calls the merge answered, by kind — heartbeats, then finishes,
-//!   then reservations — and by arrival within a kind; then the declined calls, by arrival;
-//! - when the group falls back, arrival order.
+//! in the order it applied them ([`Outcome::order`]): first the judged calls, by kind —
+//! heartbeats, then finishes, then reservations — and by arrival within a kind; then the
+//! others, by arrival. When the group falls back, arrival order.
 
 use crate::errors::{LedgerError, Result};
+use crate::plan::{Judgment, Keys};
 use crate::store::{FailureScope, Savepoint, Store, Tx};
 use crate::writer::op::{Op, Output};
 
@@ -74,15 +73,8 @@ pub fn run_group(store: &mut dyn Store, ops: &[&Op]) -> (Vec<Result<Output>>, Ou
         for run in &runs {
             tx.lock_run(run)?;
         }
-        let mut answered: Vec<Option<Result<Output>>> = match tx.batch_statements() {
-            Some(batch) => {
-                tx.set_operation(GROUP_OPERATION);
-                let merged = super::merge::apply(tx, batch, ops)?;
-                order.extend(merged.order);
-                merged.outs
-            }
-            None => ops.iter().map(|_| None).collect(),
-        };
+        tx.set_operation(GROUP_OPERATION);
+        let mut answered = judge(tx, ops, &mut order)?;
         for (i, op) in ops.iter().enumerate() {
             if answered[i].is_none() {
                 answered[i] = Some(call(tx, op)?);
@@ -120,6 +112,77 @@ pub fn run_group(store: &mut dyn Store, ops: &[&Op]) -> (Vec<Result<Output>>, Ou
             )
         }
     }
+}
+
+/// Judge the group's reservations, finishes and heartbeats together (see `crate::plan`): one
+/// read for all of them, each call judged in turn, one write of every accepted call's rows.
+/// The kinds go in a fixed order — heartbeats, then finishes, then reservations — and by
+/// arrival within a kind; `order` gets the calls in that order. Every other kind of call is
+/// left unanswered, for the savepoint path.
+// The wildcard arms leave every other kind of call, including kinds added later.
+#[allow(clippy::match_wildcard_for_single_variants)]
+fn judge(tx: &dyn Tx, ops: &[&Op], order: &mut Vec<usize>) -> Result<Vec<Option<Result<Output>>>> {
+    let mut answered: Vec<Option<Result<Output>>> = ops.iter().map(|_| None).collect();
+    let rank = |op: &Op| match op {
+        Op::Heartbeat { .. } => Some(0_u8),
+        Op::Finish { .. } => Some(1),
+        Op::Reserve { .. } => Some(2),
+        _ => None,
+    };
+    let mut plan: Vec<(u8, usize)> = ops
+        .iter()
+        .enumerate()
+        .filter_map(|(i, op)| rank(op).map(|r| (r, i)))
+        .collect();
+    if plan.is_empty() {
+        return Ok(answered);
+    }
+    plan.sort_unstable();
+    let mut keys = Keys::default();
+    for &(_, i) in &plan {
+        match ops[i] {
+            Op::Heartbeat { fence, .. } => keys.heartbeat(fence),
+            Op::Finish {
+                finishes, fence, ..
+            } => keys.finish(finishes, fence.is_some()),
+            Op::Reserve { run_id, units, .. } => keys.reserve(run_id, units),
+            _ => {}
+        }
+    }
+    let mut judgment = Judgment::read(tx, keys)?;
+    for &(_, i) in &plan {
+        let answer = match ops[i] {
+            Op::Heartbeat {
+                fence,
+                token,
+                lease_ms,
+                now_ms,
+            } => judgment
+                .heartbeat(fence, token, *lease_ms, *now_ms)
+                .map(Output::Claim),
+            Op::Finish {
+                finishes,
+                fence,
+                now_ms,
+            } => judgment
+                .finish(finishes, fence.as_ref(), *now_ms)
+                .map(Output::Finished),
+            Op::Reserve {
+                run_id,
+                units,
+                dispatch_ids,
+                fence,
+                now_ms,
+            } => judgment
+                .reserve(run_id, units, dispatch_ids, fence.as_ref(), *now_ms)
+                .map(Output::Reservations),
+            _ => continue,
+        };
+        answered[i] = Some(answer);
+        order.push(i);
+    }
+    judgment.write(tx)?;
+    Ok(answered)
 }
 
 /// One call under its savepoint: `Ok(result)` is the call's own outcome (success or refusal);

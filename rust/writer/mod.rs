@@ -16,7 +16,6 @@
 //! holds that lock may be queueing a call at that moment.
 
 mod group;
-mod merge;
 pub mod op;
 
 use std::any::Any;

@@ -27,6 +27,7 @@ mod listen;
 mod pipeline;
 #[cfg(test)]
 mod plan_tests;
+mod rows;
 #[cfg(test)]
 mod savepoint_tests;
 mod sql;

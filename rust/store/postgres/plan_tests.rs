@@ -158,7 +158,9 @@ fn the_write_path_probes_by_key_on_a_fresh_schema() {
     let store = store.as_mut();
     let fence = fill(store);
     let runs = r#"["r0","r1","r7","r599","gone"]"#.to_owned();
-    let unit_ids = r#"["u5","u7","new"]"#.to_owned();
+    let reclaims = r#"[{"run_id":"r0","unit_id":"u5","attempt":1,"times":1,"holder":"h",
+        "generation":null,"trace_context":null}]"#
+        .to_owned();
     let units = r#"[{"run_id":"r0","unit_id":"u5"},{"run_id":"r1","unit_id":"new"}]"#.to_owned();
     let keys = r#"[{"attempt":1,"dispatch_id":"d1","run_id":"r0","unit_id":"u5"},
         {"attempt":1,"dispatch_id":"d2","run_id":"r1","unit_id":"u6"}]"#
@@ -168,15 +170,9 @@ fn the_write_path_probes_by_key_on_a_fresh_schema() {
         fence.generation, fence.token_hash
     );
     let two = 2_i64;
-    let none: Option<String> = None;
     let statements: Vec<(&str, &str, Vec<&dyn ToSql>)> = vec![
-        // A group's reads and writes (`writer::merge`) and the batch paths.
+        // A judgment's reads and writes of many keys (`store::postgres::rows`).
         ("GROUP_RUNS_SQL", sql::GROUP_RUNS_SQL, vec![&runs]),
-        (
-            "LATEST_ATTEMPTS_SQL",
-            sql::LATEST_ATTEMPTS_SQL,
-            vec![&"r0", &unit_ids],
-        ),
         (
             "LATEST_ATTEMPTS_GROUP_SQL",
             sql::LATEST_ATTEMPTS_GROUP_SQL,
@@ -198,7 +194,23 @@ fn the_write_path_probes_by_key_on_a_fresh_schema() {
             sql::HEARTBEAT_GROUP_SQL,
             vec![&beats, &two],
         ),
-        // One call alone.
+        (
+            "RECLAIM_GROUP_SQL",
+            sql::RECLAIM_GROUP_SQL,
+            vec![&reclaims, &two],
+        ),
+    ];
+    assert_probes(store, &statements);
+}
+
+#[test]
+fn the_one_key_statements_probe_by_key_on_a_fresh_schema() {
+    let (mut store, _schema) = postgres_fresh();
+    let store = store.as_mut();
+    let fence = fill(store);
+    let none: Option<String> = None;
+    // A judgment of one key per part, and what a call alone reads besides.
+    let statements: Vec<(&str, &str, Vec<&dyn ToSql>)> = vec![
         ("LOCK_RUN_SQL", sql::LOCK_RUN_SQL, vec![&"r0"]),
         (
             "RUN_STATUS_SQL",
@@ -207,9 +219,24 @@ fn the_write_path_probes_by_key_on_a_fresh_schema() {
         ),
         ("FENCE_SQL", store_mod::sql::FENCE_SQL.postgres, vec![&"r0"]),
         (
-            "LATEST_ATTEMPT_SQL",
-            store_mod::sql::LATEST_ATTEMPT_SQL.postgres,
+            "SNAPSHOT_RUN_SQL",
+            store_mod::sql::SNAPSHOT_RUN_SQL.postgres,
+            vec![&"r0"],
+        ),
+        (
+            "SNAPSHOT_LATEST_SQL",
+            store_mod::sql::SNAPSHOT_LATEST_SQL.postgres,
             vec![&"r0", &"u5"],
+        ),
+        (
+            "SNAPSHOT_RUNNING_SQL",
+            store_mod::sql::SNAPSHOT_RUNNING_SQL.postgres,
+            vec![&"r0", &"u5", &1_i64, &"d"],
+        ),
+        (
+            "RECLAIM_ATTEMPT_SQL",
+            store_mod::sql::RECLAIM_ATTEMPT_SQL.postgres,
+            vec![&"r0", &"u5", &1_i64, &none, &none, &none, &1_i64],
         ),
         (
             "FINISH_ATTEMPT_SQL",

@@ -58,43 +58,37 @@ pub const EVENT_HORIZON_SQL: &str = "SELECT least(
 
 // ------------------------------------------------------------------ batches
 
-/// The set-based statements of the attempts' batch path, handed out by the transaction
+/// The set-based statements `claim_next` uses, handed out by the transaction
 /// ([`crate::store::Tx::batch_statements`]).
 pub static BATCH: BatchStatements = BatchStatements {
-    latest_attempts: Sql::native(LATEST_ATTEMPTS_SQL),
-    running_attempts: Sql::native(RUNNING_ATTEMPTS_SQL),
-    group_runs: Sql::native(GROUP_RUNS_SQL),
-    latest_attempts_group: Sql::native(LATEST_ATTEMPTS_GROUP_SQL),
-    reserve_group: Sql::native(RESERVE_GROUP_SQL),
-    finish_group: Sql::native(FINISH_GROUP_SQL),
-    heartbeat_group: Sql::native(HEARTBEAT_GROUP_SQL),
     claim_group: Sql::native(CLAIM_GROUP_SQL),
 };
 
-/// The latest attempt of each of a batch's units (PostgreSQL batch path).
-///
-/// Why the set statements below join their JSON rows through `LATERAL` subqueries: the planner
-/// estimates a `json_to_recordset` at 100 rows and knows nothing of a table's growth until it
-/// is analyzed, and a prepared statement keeps the generic plan it made while the tables were
-/// small. A plain join then stays a hash join over a sequential scan of `attempts` or `events`
-/// for good: measured, a finish of 1000 went from 57 ms to 151 ms as the tables grew to
-/// 150 000 attempts (autovacuum off). A `LATERAL` subquery that cannot be pulled up (`LIMIT`,
-/// `OFFSET 0`, an aggregate) is run once per row, and for an equality on a key that is always an
-/// index probe: the cost per batch no longer depends on the size of the tables.
-///
-/// Why `json`, not `jsonb`: the rows are read once, in order. `::jsonb` first parses the whole
-/// text into a binary document (about 5 ms of a 1000-row statement, measured with `auto_explain`);
-/// `json_to_recordset` parses the text as it walks it: ~5 us less per unit on a batch reserve
-/// plus finish.
-pub const LATEST_ATTEMPTS_SQL: &str =
-    "SELECT u.unit_id, l.attempt, l.dispatch_id, l.status, l.step_id, l.input_hash
-    FROM json_array_elements_text(CAST(?2 AS TEXT)::json) AS u(unit_id)
-    CROSS JOIN LATERAL (
-        SELECT attempt, dispatch_id, status, step_id, input_hash FROM attempts
-        WHERE run_id = ?1 AND unit_id = u.unit_id ORDER BY attempt DESC LIMIT 1) l";
+/// The judged write path's set statements (`store::postgres::rows`).
+pub const SNAPSHOT_RUNS: Sql = Sql::native(GROUP_RUNS_SQL);
+pub const SNAPSHOT_LATEST: Sql = Sql::native(LATEST_ATTEMPTS_GROUP_SQL);
+pub const SNAPSHOT_RUNNING: Sql = Sql::native(RUNNING_ATTEMPTS_SQL);
+pub const HEARTBEAT_GROUP: Sql = Sql::native(HEARTBEAT_GROUP_SQL);
+pub const FINISH_GROUP: Sql = Sql::native(FINISH_GROUP_SQL);
+pub const RESERVE_GROUP: Sql = Sql::native(RESERVE_GROUP_SQL);
+pub const RECLAIM_GROUP: Sql = Sql::native(RECLAIM_GROUP_SQL);
 
-/// Which of a batch's finishes name a still-running attempt, with the attempt's step and
-/// phase for the event (PostgreSQL batch path; the runs' row locks are held).
+// Why the set statements below join their JSON rows through `LATERAL` subqueries: the planner
+// estimates a `json_to_recordset` at 100 rows and knows nothing of a table's growth until it
+// is analyzed, and a prepared statement keeps the generic plan it made while the tables were
+// small. A plain join then stays a hash join over a sequential scan of `attempts` or `events`
+// for good: measured, a finish of 1000 went from 57 ms to 151 ms as the tables grew to
+// 150 000 attempts (autovacuum off). A `LATERAL` subquery that cannot be pulled up (`LIMIT`,
+// `OFFSET 0`, an aggregate) is run once per row, and for an equality on a key that is always an
+// index probe: the cost per batch no longer depends on the size of the tables.
+//
+// Why `json`, not `jsonb`: the rows are read once, in order. `::jsonb` first parses the whole
+// text into a binary document (about 5 ms of a 1000-row statement, measured with `auto_explain`);
+// `json_to_recordset` parses the text as it walks it: ~5 us less per unit on a batch reserve
+// plus finish.
+
+/// Which of a judgment's finishes name a still-running attempt, with the attempt's step and
+/// phase for the event (`store::rows::Part::Running`; the runs' row locks are held).
 pub const RUNNING_ATTEMPTS_SQL: &str =
     "SELECT a.run_id, a.unit_id, a.attempt, a.dispatch_id, a.step_id, a.phase
     FROM json_to_recordset(CAST(?1 AS TEXT)::json)
@@ -111,7 +105,7 @@ pub const RUNNING_ATTEMPTS_SQL: &str =
 /// (as `RUN_STATUS_SQL` reads it), and its lease's fence (generation, token hash, expiry, owner). A run
 /// without a row is missing from the answer; a run never claimed has NULL lease columns.
 ///
-/// Each id is looked up by its own primary-key probe (`LATERAL`, see [`LATEST_ATTEMPTS_SQL`]):
+/// Each id is looked up by its own primary-key probe (`LATERAL`, see above):
 /// a plain join of the ids with `runs` and `leases` is planned, on tables not analyzed yet, as
 /// hash joins over sequential scans of both, a cost that grows with every run in the ledger.
 pub const GROUP_RUNS_SQL: &str =
@@ -125,13 +119,15 @@ pub const GROUP_RUNS_SQL: &str =
         SELECT generation, token_hash, expires_at, owner_type, owner_id FROM leases
         WHERE resource_id = x.run_id OFFSET 0) l ON TRUE";
 
-/// The latest attempt of each (run, unit) of a group's reservations, over many runs (see
-/// [`LATEST_ATTEMPTS_SQL`] for why `LATERAL`).
+/// The latest attempt of each (run, unit) a judgment's reservations name, over many runs
+/// (`store::rows::Part::Latest`).
 pub const LATEST_ATTEMPTS_GROUP_SQL: &str =
-    "SELECT x.run_id, x.unit_id, l.attempt, l.dispatch_id, l.status, l.step_id, l.input_hash
+    "SELECT x.run_id, x.unit_id, l.attempt, l.dispatch_id, l.status, l.step_id, l.input_hash,
+        l.reclaims, l.lease_generation
     FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS x(run_id TEXT, unit_id TEXT)
     CROSS JOIN LATERAL (
-        SELECT attempt, dispatch_id, status, step_id, input_hash FROM attempts
+        SELECT attempt, dispatch_id, status, step_id, input_hash, reclaims, lease_generation
+        FROM attempts
         WHERE run_id = x.run_id AND unit_id = x.unit_id ORDER BY attempt DESC LIMIT 1) l";
 
 /// The `e` part of a set statement over rows `x`: one event of type `$type` per row, revisions
@@ -184,8 +180,8 @@ macro_rules! counts_or_fail {
 /// projections, attempt rows and `unit.started` events are the ones the one-by-one statements
 /// write. Revisions continue per run from its newest, in `ord` order, so they are the ones
 /// the calls would take one by one in that order; the runs' row locks are held. No (run, unit)
-/// appears twice (an upsert cannot touch one row twice in a statement): the callers send a
-/// unit's second reservation down the one-by-one path. The foreign key from attempts to units
+/// appears twice (an upsert cannot touch one row twice in a statement): a unit's second
+/// reservation in one judgment reclaims the first (see [`RECLAIM_GROUP_SQL`]). The foreign key from attempts to units
 /// is checked at the end of the statement, after both inserts. Each part
 /// (units, attempts, events) must write exactly the rows sent, or the transaction fails (see
 /// `counts_or_fail`).
@@ -227,7 +223,7 @@ pub const RESERVE_GROUP_SQL: &str = concat!(
 /// own actor, generation and time, revisions continuing per run in `ord` order. Each part must
 /// write exactly the rows sent, or the transaction fails (see `counts_or_fail`).
 ///
-/// Rows are found by key (`fa`, `fu`: one index probe each, see [`LATEST_ATTEMPTS_SQL`]) and
+/// Rows are found by key (`fa`, `fu`: one index probe each, see above) and
 /// updated by `ctid`, a parameterized TID scan. A `ctid` is only stable while nobody else
 /// updates the row: every writer of a run's attempts and units holds the run's row lock first,
 /// and this statement runs under the locks of all its runs.
@@ -294,6 +290,42 @@ pub const HEARTBEAT_GROUP_SQL: &str = concat!(
         RETURNING 1
     ) ",
     counts_or_fail!("(SELECT count(*) FROM h) = CAST(?2 AS BIGINT)")
+);
+
+/// Every reclaim of a judgment in one statement, one row per attempt (the judge folds an
+/// attempt's reclaims into one row: `times` more, the last holder, generation and trace
+/// context named), found by key and updated by `ctid` as in [`FINISH_GROUP_SQL`]. Only a
+/// still-running attempt is reclaimed; each must change exactly one row, or the transaction
+/// fails. The unit's holder changes only where the reclaim names a new one.
+pub const RECLAIM_GROUP_SQL: &str = concat!(
+    "WITH x AS (
+        SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
+            run_id TEXT, unit_id TEXT, attempt BIGINT, times BIGINT, holder TEXT,
+            generation BIGINT, trace_context TEXT)
+    ), ra AS (
+        SELECT x.*, a.tid FROM x CROSS JOIN LATERAL (
+            SELECT ctid AS tid FROM attempts
+            WHERE run_id = x.run_id AND unit_id = x.unit_id AND attempt = x.attempt
+              AND status = 'running'
+            OFFSET 0) a
+    ), r AS (
+        UPDATE attempts a SET reclaims = a.reclaims + ra.times,
+            holder = coalesce(ra.holder, a.holder),
+            lease_generation = coalesce(ra.generation, a.lease_generation),
+            trace_context = coalesce(ra.trace_context, a.trace_context)
+        FROM ra WHERE a.ctid = ra.tid
+        RETURNING 1
+    ), ru AS (
+        SELECT x.holder, n.tid FROM x CROSS JOIN LATERAL (
+            SELECT ctid AS tid FROM units
+            WHERE run_id = x.run_id AND unit_id = x.unit_id AND x.holder IS NOT NULL
+              AND claim_holder IS DISTINCT FROM x.holder
+            OFFSET 0) n
+    ), u AS (
+        UPDATE units n SET claim_holder = ru.holder FROM ru WHERE n.ctid = ru.tid
+        RETURNING 1
+    ) ",
+    counts_or_fail!("(SELECT count(*) FROM r) = CAST(?2 AS BIGINT)")
 );
 
 /// Every claim of a `claim_next` in one statement, one row per run, written as the one-by-one

@@ -349,6 +349,20 @@ impl crate::store::Tx for Tx<'_> {
         Ok(())
     }
 
+    /// A part with several keys is read by one set statement; all parts in one round trip.
+    fn read_snapshot(
+        &self,
+        keys: &crate::store::rows::SnapshotKeys<'_>,
+        each: &mut dyn FnMut(crate::store::rows::Part, &dyn Row) -> DbResult<()>,
+    ) -> DbResult<()> {
+        super::rows::read(self, keys, each)
+    }
+
+    /// One set statement per kind, queued to go out with the commit.
+    fn write_rows(&self, writes: &crate::store::rows::Writes<'_>) -> DbResult<()> {
+        super::rows::write(self, writes)
+    }
+
     /// Every statement is a round trip here, so a batch written by one set-based statement
     /// costs one round trip instead of one per row.
     fn batch_statements(&self) -> Option<&'static BatchStatements> {

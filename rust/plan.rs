@@ -1,0 +1,378 @@
+//! One judgment of reservations, finishes and heartbeats: what the calls need is read once
+//! (a snapshot of their runs with their leases, the latest attempts their reservations name,
+//! the running attempts their finishes name), each call is judged in turn against it by the
+//! pure rules of `attempts::judge` and `leases`, and the rows every accepted call writes are
+//! written together at the end (`store::rows`: the store picks their statements).
+//!
+//! A call alone, a batch and a commit group all go through here, so each rule exists once:
+//! a lone call is a judgment of one call; a group judges all its calls over one snapshot.
+//!
+//! The snapshot is kept up to date as calls are accepted (a renewed expiry, a finished
+//! attempt, a new or reclaimed attempt), so a later call sees the earlier ones exactly as it
+//! would one by one. A refused call (a lost lease, a run that is not active, a reclaim that
+//! would change the work) gets its error and leaves neither rows nor changes behind: each call
+//! is judged whole before anything of it is kept.
+//!
+//! The caller holds the locks of every run the calls name, from before the read to the
+//! commit, so the snapshot stays true until the rows are written.
+
+use std::collections::HashMap;
+
+use crate::attempts::judge::{self, AttemptKey, LatestAttempt, ReserveVerdict, RunningAttempt};
+use crate::attempts::{finished_payload, started_payload, FinishSpec, UnitSpec};
+use crate::canonical::{into_text, to_vec};
+use crate::errors::{LedgerError, Result};
+use crate::events::Actor;
+use crate::leases::{self, Fence, FenceRow};
+use crate::model::{Claim, Reservation, ReservationKind};
+use crate::status::{AttemptStatus, RunState};
+use crate::store::rows::{
+    AttemptRef, FinishRow, HeartbeatRow, Part, ReclaimRow, ReserveRow, SnapshotKeys, Stamp,
+    UnitRef, Writes,
+};
+use crate::store::{DbResult, Row, Tx};
+
+/// A run as the snapshot holds it.
+struct RunSnapshot {
+    state: RunState,
+    lease: Option<FenceRow>,
+}
+
+/// What the judgment read, kept up to date as calls are accepted.
+#[derive(Default)]
+struct Snapshot {
+    runs: HashMap<String, RunSnapshot>,
+    latest: HashMap<(String, String), LatestAttempt>,
+    running: HashMap<AttemptKey, RunningAttempt>,
+}
+
+/// The keys a set of calls needs read; add each call, then [`Judgment::read`].
+#[derive(Default)]
+pub(crate) struct Keys<'a>(SnapshotKeys<'a>);
+
+impl<'a> Keys<'a> {
+    /// A reservation of `units` on `run_id`: the run and each unit's latest attempt.
+    pub(crate) fn reserve(&mut self, run_id: &'a str, units: &'a [UnitSpec]) {
+        self.0.runs.push(run_id);
+        self.0.units.extend(units.iter().map(|u| UnitRef {
+            run_id,
+            unit_id: &u.unit_id,
+        }));
+    }
+
+    /// Finishes: the attempts they name, and their runs' leases when fenced.
+    pub(crate) fn finish(&mut self, finishes: &'a [FinishSpec], fenced: bool) {
+        for f in finishes {
+            if fenced {
+                self.0.runs.push(&f.run_id);
+            }
+            self.0.attempts.push(AttemptRef {
+                run_id: &f.run_id,
+                unit_id: &f.unit_id,
+                attempt: f.attempt,
+                dispatch_id: &f.dispatch_id,
+            });
+        }
+    }
+
+    /// A heartbeat: its run's lease.
+    pub(crate) fn heartbeat(&mut self, fence: &'a Fence) {
+        self.0.runs.push(&fence.run_id);
+    }
+}
+
+/// A judgment in progress: the snapshot and the rows of the calls accepted so far.
+pub(crate) struct Judgment<'a> {
+    snapshot: Snapshot,
+    writes: Writes<'a>,
+    /// Where each reclaimed attempt's row is in `writes.reclaims`, to fold later reclaims in.
+    reclaimed: HashMap<(&'a str, &'a str, i64), usize>,
+}
+
+impl<'a> Judgment<'a> {
+    /// Read what the calls of `keys` need (their runs' locks held).
+    pub(crate) fn read(tx: &dyn Tx, keys: Keys<'a>) -> Result<Self> {
+        let mut keys = keys.0;
+        keys.settle();
+        let mut snapshot = Snapshot::default();
+        let mut each = |part: Part, r: &dyn Row| -> DbResult<()> {
+            match part {
+                Part::Run => {
+                    let lease = match r.get::<Option<i64>>(5)? {
+                        Some(generation) => Some(FenceRow {
+                            generation,
+                            token_hash: r.get(6)?,
+                            expires_at: r.get(7)?,
+                            owner_type: r.get(8)?,
+                            owner_id: r.get(9)?,
+                        }),
+                        None => None,
+                    };
+                    let state = RunState {
+                        status: r.get(1)?,
+                        current_step_id: r.get(2)?,
+                        scope_key: r.get(3)?,
+                        workflow_ref: r.get(4)?,
+                    };
+                    snapshot
+                        .runs
+                        .insert(r.get(0)?, RunSnapshot { state, lease });
+                }
+                Part::Latest => {
+                    let latest = LatestAttempt::from_row(r, 2)?;
+                    snapshot.latest.insert((r.get(0)?, r.get(1)?), latest);
+                }
+                Part::Running => {
+                    let (key, attempt) = judge::running_row(r)?;
+                    snapshot.running.insert(key, attempt);
+                }
+            }
+            Ok(())
+        };
+        tx.read_snapshot(&keys, &mut each)
+            .map_err(|e| tx.fail(&e))?;
+        Ok(Self {
+            snapshot,
+            writes: Writes::default(),
+            reclaimed: HashMap::new(),
+        })
+    }
+
+    /// Write the rows of every accepted call.
+    pub(crate) fn write(self, tx: &dyn Tx) -> Result<()> {
+        if self.writes.is_empty() {
+            return Ok(());
+        }
+        tx.write_rows(&self.writes).map_err(|e| tx.fail(&e))
+    }
+
+    /// The fence check of a call on `run_id`, against the snapshot's lease.
+    fn check_fence(
+        &self,
+        run_id: &str,
+        fence: Option<&Fence>,
+        now_ms: i64,
+    ) -> Result<Actor<'static>> {
+        leases::check_against(run_id, fence, now_ms, || {
+            Ok(self.snapshot.runs.get(run_id).and_then(|r| r.lease.clone()))
+        })
+    }
+
+    /// Renew a claim: the fence must hold; the lease's row is the last heartbeat's.
+    pub(crate) fn heartbeat(
+        &mut self,
+        fence: &'a Fence,
+        token: &str,
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> Result<Claim> {
+        let actor = self.check_fence(&fence.run_id, Some(fence), now_ms)?;
+        let claim = leases::renewed(fence, token, actor, lease_ms, now_ms);
+        if let Some(lease) = self
+            .snapshot
+            .runs
+            .get_mut(&fence.run_id)
+            .and_then(|r| r.lease.as_mut())
+        {
+            lease.expires_at = Some(claim.expires_at);
+        }
+        // One row per run: the last heartbeat's, which is what one by one leaves behind.
+        self.writes.heartbeats.retain(|h| h.run_id != fence.run_id);
+        self.writes.heartbeats.push(HeartbeatRow {
+            run_id: &fence.run_id,
+            generation: fence.generation,
+            token_hash: &fence.token_hash,
+            heartbeat_at: now_ms,
+            expires_at: claim.expires_at,
+        });
+        Ok(claim)
+    }
+
+    /// Finish attempts: each wins exactly when the attempt it names still runs.
+    pub(crate) fn finish(
+        &mut self,
+        finishes: &'a [FinishSpec],
+        fence: Option<&Fence>,
+        now_ms: i64,
+    ) -> Result<Vec<bool>> {
+        // Every run's fence first, in the call's order, before any finish is judged: a
+        // refused call writes nothing. A claim names one run, so every finish has the same
+        // actor.
+        let mut actor = Actor::default();
+        if fence.is_some() {
+            for f in finishes {
+                actor = self.check_fence(&f.run_id, fence, now_ms)?;
+            }
+        }
+        let stamp = stamp(&actor, now_ms);
+        let mut out = Vec::with_capacity(finishes.len());
+        for f in finishes {
+            // A second finish of the attempt, in this call or a later one, loses.
+            let Some(won) = judge::finish(&mut self.snapshot.running, f) else {
+                out.push(false);
+                continue;
+            };
+            if let Some(l) = self
+                .snapshot
+                .latest
+                .get_mut(&(f.run_id.clone(), f.unit_id.clone()))
+                .filter(|l| l.attempt == f.attempt)
+            {
+                l.status = AttemptStatus::parse(&f.status).unwrap_or(AttemptStatus::Completed);
+            }
+            self.writes.finishes.push(FinishRow {
+                run_id: &f.run_id,
+                unit_id: &f.unit_id,
+                attempt: f.attempt,
+                dispatch_id: &f.dispatch_id,
+                status: &f.status,
+                result: f.result.as_deref(),
+                tokens: f.tokens,
+                failure_reason: f.failure_reason.as_deref(),
+                session_id: f.session_id.as_deref(),
+                payload: into_text(to_vec(&finished_payload(f, won.step_id, won.phase))),
+                stamp: stamp.clone(),
+            });
+            out.push(true);
+        }
+        Ok(out)
+    }
+
+    /// Reserve `units` of `run_id`: each starts its next attempt, or reclaims its running one
+    /// in place (same number and dispatch id, one more reclaim, no event). Judged unit by
+    /// unit, each seeing the ones before it; the call is kept only if every unit is accepted.
+    pub(crate) fn reserve(
+        &mut self,
+        run_id: &'a str,
+        units: &'a [UnitSpec],
+        dispatch_ids: &'a [String],
+        fence: Option<&Fence>,
+        now_ms: i64,
+    ) -> Result<Vec<Reservation>> {
+        let actor = self.check_fence(run_id, fence, now_ms)?;
+        let Some(run) = self.snapshot.runs.get(run_id) else {
+            return Err(LedgerError::RunNotFound {
+                run_id: run_id.to_owned(),
+            });
+        };
+        run.state.require_active(run_id)?;
+        let stamp = stamp(&actor, now_ms);
+        let mut mine: HashMap<&'a str, LatestAttempt> = HashMap::new();
+        let mut reserves = Vec::new();
+        let mut reclaims: Vec<ReclaimRow<'a>> = Vec::new();
+        let mut out = Vec::with_capacity(units.len());
+        for (u, dispatch_id) in units.iter().zip(dispatch_ids) {
+            let latest = mine.get(u.unit_id.as_str()).or_else(|| {
+                self.snapshot
+                    .latest
+                    .get(&(run_id.to_owned(), u.unit_id.clone()))
+            });
+            let next = match judge::reserve(latest, u)? {
+                ReserveVerdict::New { attempt } => {
+                    reserves.push(reserve_row(run_id, u, attempt, dispatch_id, &stamp));
+                    out.push(Reservation {
+                        run_id: run_id.to_owned(),
+                        unit_id: u.unit_id.clone(),
+                        kind: ReservationKind::Reserved,
+                        attempt,
+                        dispatch_id: dispatch_id.clone(),
+                        reclaims: 0,
+                        lease_generation: actor.generation,
+                    });
+                    LatestAttempt::started(attempt, dispatch_id, u, actor.generation)
+                }
+                ReserveVerdict::Reclaim(l) => {
+                    let mut next = l.clone();
+                    next.reclaims += 1;
+                    next.lease_generation = actor.generation.or(l.lease_generation);
+                    reclaims.push(ReclaimRow {
+                        run_id,
+                        unit_id: &u.unit_id,
+                        attempt: l.attempt,
+                        times: 1,
+                        holder: u.holder.as_deref(),
+                        generation: actor.generation,
+                        trace_context: u.trace_context.as_deref(),
+                    });
+                    out.push(Reservation {
+                        run_id: run_id.to_owned(),
+                        unit_id: u.unit_id.clone(),
+                        kind: ReservationKind::Reclaimed,
+                        attempt: l.attempt,
+                        dispatch_id: l.dispatch_id.clone(),
+                        reclaims: next.reclaims,
+                        lease_generation: next.lease_generation,
+                    });
+                    next
+                }
+            };
+            mine.insert(&u.unit_id, next);
+        }
+        // Accepted: keep its rows and what it changed.
+        self.writes.reserves.extend(reserves);
+        for r in reclaims {
+            self.fold_reclaim(r);
+        }
+        for (unit_id, latest) in mine {
+            self.snapshot
+                .latest
+                .insert((run_id.to_owned(), unit_id.to_owned()), latest);
+        }
+        Ok(out)
+    }
+
+    /// Add a reclaim, folded into an earlier reclaim of the same attempt in this judgment:
+    /// one row per attempt, as a set statement can update a row only once.
+    fn fold_reclaim(&mut self, r: ReclaimRow<'a>) {
+        let key = (r.run_id, r.unit_id, r.attempt);
+        if let Some(&i) = self.reclaimed.get(&key) {
+            let row = &mut self.writes.reclaims[i];
+            row.times += r.times;
+            row.holder = r.holder.or(row.holder);
+            row.generation = r.generation.or(row.generation);
+            row.trace_context = r.trace_context.or(row.trace_context);
+        } else {
+            self.reclaimed.insert(key, self.writes.reclaims.len());
+            self.writes.reclaims.push(r);
+        }
+    }
+}
+
+/// Who a call's rows say wrote them.
+fn stamp(actor: &Actor<'static>, now_ms: i64) -> Stamp {
+    Stamp {
+        actor_type: actor.actor_type,
+        actor_id: actor.id.clone(),
+        generation: actor.generation,
+        ts: now_ms,
+    }
+}
+
+/// The rows of a new attempt.
+fn reserve_row<'a>(
+    run_id: &'a str,
+    u: &'a UnitSpec,
+    attempt: i64,
+    dispatch_id: &'a str,
+    stamp: &Stamp,
+) -> ReserveRow<'a> {
+    ReserveRow {
+        run_id,
+        unit_id: &u.unit_id,
+        step_id: &u.step_id,
+        node_id: u.node_id.as_deref(),
+        parent_unit_id: u.parent_unit_id.as_deref(),
+        phase: &u.phase,
+        runner: u.runner.as_deref(),
+        engine: u.engine.as_deref(),
+        model: u.model.as_deref(),
+        input_hash: u.input_hash.as_deref(),
+        worktree_path: u.worktree_path.as_deref(),
+        holder: u.holder.as_deref(),
+        trace_context: u.trace_context.as_deref(),
+        attempt,
+        dispatch_id,
+        payload: into_text(to_vec(&started_payload(run_id, u, attempt, dispatch_id))),
+        stamp: stamp.clone(),
+    }
+}

@@ -1,0 +1,215 @@
+//! The judged write path's reads and writes on PostgreSQL, where every statement is a round
+//! trip: a part of the snapshot with more than one key is read by one set statement over a
+//! JSON array of the keys, and each kind of row is written by one set statement over a JSON
+//! array of the rows (see `sql`), so a judgment costs the same few round trips whatever its
+//! size. The writes check their own counts and need no answer: they go out with the commit.
+
+use crate::canonical::{into_text, to_vec, Value};
+use crate::params;
+use crate::store::rows::{
+    self, FinishRow, HeartbeatRow, Part, ReclaimRow, ReserveRow, SnapshotKeys, Stamp, Writes,
+};
+use crate::store::{DbResult, Row, Sql, ToSql, Tx};
+
+use super::sql;
+
+/// A JSON object of `fields` (sorted by name, as canonical JSON orders them).
+fn object(mut fields: Vec<(&str, Value)>) -> Value {
+    fields.sort_by(|a, b| a.0.cmp(b.0));
+    Value::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+}
+
+fn text(v: &str) -> Value {
+    Value::Str(v.to_owned())
+}
+
+fn opt(v: Option<&str>) -> Value {
+    v.map_or(Value::Null, text)
+}
+
+fn int(v: Option<i64>) -> Value {
+    v.map_or(Value::Null, Value::Int)
+}
+
+/// A row's place in its statement, from 1 (events' revisions follow it).
+fn ord(index: usize) -> Value {
+    Value::Int(i64::try_from(index).map_or(i64::MAX, |i| i + 1))
+}
+
+/// The columns of a row that say who wrote it and when.
+fn stamp(s: &Stamp) -> [(&'static str, Value); 4] {
+    [
+        ("actor_id", opt(s.actor_id.as_deref())),
+        ("actor_type", opt(s.actor_type)),
+        ("generation", int(s.generation)),
+        ("ts", Value::Int(s.ts)),
+    ]
+}
+
+fn json(rows: Vec<Value>) -> String {
+    into_text(to_vec(&Value::Array(rows)))
+}
+
+/// Read the snapshot: a part with one key by its one-key statement, a part with more by its
+/// set statement; every part in one round trip.
+pub(super) fn read(
+    tx: &dyn Tx,
+    keys: &SnapshotKeys<'_>,
+    each: &mut dyn FnMut(Part, &dyn Row) -> DbResult<()>,
+) -> DbResult<()> {
+    if keys.runs.len() <= 1 && keys.units.len() <= 1 && keys.attempts.len() <= 1 {
+        return rows::read_each(tx, keys, each);
+    }
+    let runs = json(keys.runs.iter().map(|r| text(r)).collect());
+    let units = json(
+        keys.units
+            .iter()
+            .map(|u| {
+                object(vec![
+                    ("run_id", text(u.run_id)),
+                    ("unit_id", text(u.unit_id)),
+                ])
+            })
+            .collect(),
+    );
+    let attempts = json(
+        keys.attempts
+            .iter()
+            .map(|a| {
+                object(vec![
+                    ("attempt", Value::Int(a.attempt)),
+                    ("dispatch_id", text(a.dispatch_id)),
+                    ("run_id", text(a.run_id)),
+                    ("unit_id", text(a.unit_id)),
+                ])
+            })
+            .collect(),
+    );
+    let runs: [&dyn ToSql; 1] = [&runs];
+    let units: [&dyn ToSql; 1] = [&units];
+    let attempts: [&dyn ToSql; 1] = [&attempts];
+    let mut queries: Vec<(&Sql, &[&dyn ToSql])> = Vec::with_capacity(3);
+    let mut parts = Vec::with_capacity(3);
+    if !keys.runs.is_empty() {
+        queries.push((&sql::SNAPSHOT_RUNS, &runs));
+        parts.push(Part::Run);
+    }
+    if !keys.units.is_empty() {
+        queries.push((&sql::SNAPSHOT_LATEST, &units));
+        parts.push(Part::Latest);
+    }
+    if !keys.attempts.is_empty() {
+        queries.push((&sql::SNAPSHOT_RUNNING, &attempts));
+        parts.push(Part::Running);
+    }
+    tx.query_many(&queries, &mut |i, r| each(parts[i], r))
+}
+
+fn heartbeat(h: &HeartbeatRow<'_>) -> Value {
+    object(vec![
+        ("expires_at", Value::Int(h.expires_at)),
+        ("generation", Value::Int(h.generation)),
+        ("heartbeat_at", Value::Int(h.heartbeat_at)),
+        ("run_id", text(h.run_id)),
+        ("token_hash", text(h.token_hash)),
+    ])
+}
+
+fn finish(i: usize, f: &FinishRow<'_>) -> Value {
+    let mut row = vec![
+        ("attempt", Value::Int(f.attempt)),
+        ("dispatch_id", text(f.dispatch_id)),
+        ("failure_reason", opt(f.failure_reason)),
+        ("ord", ord(i)),
+        ("payload", text(&f.payload)),
+        ("result", opt(f.result)),
+        ("run_id", text(f.run_id)),
+        ("session_id", opt(f.session_id)),
+        ("status", text(f.status)),
+        ("tokens", int(f.tokens)),
+        ("unit_id", text(f.unit_id)),
+    ];
+    row.extend(stamp(&f.stamp));
+    object(row)
+}
+
+fn reserve(i: usize, r: &ReserveRow<'_>) -> Value {
+    let mut row = vec![
+        ("attempt", Value::Int(r.attempt)),
+        ("dispatch_id", text(r.dispatch_id)),
+        ("engine", opt(r.engine)),
+        ("holder", opt(r.holder)),
+        ("input_hash", opt(r.input_hash)),
+        ("model", opt(r.model)),
+        ("node_id", opt(r.node_id)),
+        ("ord", ord(i)),
+        ("parent_unit_id", opt(r.parent_unit_id)),
+        ("payload", text(&r.payload)),
+        ("phase", text(r.phase)),
+        ("run_id", text(r.run_id)),
+        ("runner", opt(r.runner)),
+        ("step_id", text(r.step_id)),
+        ("trace_context", opt(r.trace_context)),
+        ("unit_id", text(r.unit_id)),
+        ("worktree_path", opt(r.worktree_path)),
+    ];
+    row.extend(stamp(&r.stamp));
+    object(row)
+}
+
+fn reclaim(r: &ReclaimRow<'_>) -> Value {
+    object(vec![
+        ("attempt", Value::Int(r.attempt)),
+        ("generation", int(r.generation)),
+        ("holder", opt(r.holder)),
+        ("run_id", text(r.run_id)),
+        ("times", Value::Int(r.times)),
+        ("trace_context", opt(r.trace_context)),
+        ("unit_id", text(r.unit_id)),
+    ])
+}
+
+/// Queue one set statement over `rows` (nothing when there are none): it checks its own
+/// counts against `?2` and fails the transaction otherwise, so it needs no answer and goes
+/// out with the next statement that waits, at the latest the commit.
+pub(super) fn queue(tx: &dyn Tx, statement: &Sql, rows: Vec<Value>) -> DbResult<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+    tx.defer(statement, params![json(rows), n])
+}
+
+/// Write a judgment: one set statement per kind, in the kinds' order.
+pub(super) fn write(tx: &dyn Tx, writes: &Writes<'_>) -> DbResult<()> {
+    queue(
+        tx,
+        &sql::HEARTBEAT_GROUP,
+        writes.heartbeats.iter().map(heartbeat).collect(),
+    )?;
+    queue(
+        tx,
+        &sql::FINISH_GROUP,
+        writes
+            .finishes
+            .iter()
+            .enumerate()
+            .map(|(i, f)| finish(i, f))
+            .collect(),
+    )?;
+    queue(
+        tx,
+        &sql::RESERVE_GROUP,
+        writes
+            .reserves
+            .iter()
+            .enumerate()
+            .map(|(i, r)| reserve(i, r))
+            .collect(),
+    )?;
+    queue(
+        tx,
+        &sql::RECLAIM_GROUP,
+        writes.reclaims.iter().map(reclaim).collect(),
+    )
+}

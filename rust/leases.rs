@@ -11,12 +11,13 @@
 use crate::params;
 use sha2::{Digest as _, Sha256};
 
-use crate::canonical::Value;
+use crate::canonical::{into_text, to_vec, Value};
 use crate::errors::{LedgerError, LostReason, Result};
 use crate::events::{self, Actor};
 use crate::ids::check_name;
 use crate::model::{Claim, Lease};
 use crate::status::{run_state, RunStatus};
+use crate::store::rows::{ClaimRow, Stamp, Writes};
 use crate::store::{sql, DbResult, Row, Store, Tx};
 
 /// The longest lease a claim or heartbeat may ask for: one day. A longer lease is almost
@@ -235,7 +236,12 @@ pub fn read(tx: &dyn Tx, run_id: &str) -> Result<Lease> {
     let lease = tx.row(&sql::LEASE_SQL, params![run_id], |r| {
         lease_from_row(run_id, r)
     })?;
-    Ok(lease.unwrap_or_else(|| Lease {
+    Ok(lease.unwrap_or_else(|| unclaimed(run_id)))
+}
+
+/// The lease of a run never claimed: generation 0, no owner.
+pub(crate) fn unclaimed(run_id: &str) -> Lease {
+    Lease {
         run_id: run_id.to_owned(),
         generation: 0,
         owner_id: None,
@@ -244,7 +250,7 @@ pub fn read(tx: &dyn Tx, run_id: &str) -> Result<Lease> {
         heartbeat_at: None,
         takeovers: 0,
         refused_writes: 0,
-    }))
+    }
 }
 
 fn lease_from_row(run_id: &str, r: &dyn Row) -> DbResult<Lease> {
@@ -312,12 +318,25 @@ pub(crate) struct Decided {
 }
 
 impl Decided {
-    /// The actor of the claim's event: the new owner at the new generation.
-    pub fn actor(&self) -> Actor<'static> {
-        Actor {
-            actor_type: Some(self.owner_type),
-            id: Some(self.claim.owner_id.clone()),
-            generation: Some(self.claim.generation),
+    /// The rows the claim writes (`queued`: its run moves to `starting`), its event stamped
+    /// with the new owner at the new generation.
+    pub fn row(&self, queued: bool, now_ms: i64) -> ClaimRow<'_> {
+        ClaimRow {
+            run_id: &self.claim.run_id,
+            previous: self.previous,
+            generation: self.claim.generation,
+            owner_type: self.owner_type,
+            owner_id: &self.claim.owner_id,
+            token_hash: &self.token_hash,
+            expires_at: self.claim.expires_at,
+            queued,
+            payload: into_text(to_vec(&self.payload)),
+            stamp: Stamp {
+                actor_type: Some(self.owner_type),
+                actor_id: Some(self.claim.owner_id.clone()),
+                generation: Some(self.claim.generation),
+                ts: now_ms,
+            },
         }
     }
 }
@@ -403,32 +422,11 @@ pub(crate) fn claim_in(
     let Some(decided) = decide(&current, status, spec, now_ms)? else {
         return Ok(None);
     };
-    let changed = tx.exec(
-        &sql::CLAIM_SQL,
-        params![
-            run_id,
-            decided.previous,
-            decided.owner_type,
-            spec.runner_id,
-            decided.token_hash,
-            now_ms,
-            decided.claim.expires_at
-        ],
-    )?;
-    if changed != 1 {
-        return Ok(None);
-    }
-    if status == RunStatus::Queued {
-        tx.exec_later(&sql::CLAIM_STARTING_SQL, params![run_id, now_ms])?;
-    }
-    events::append(
-        tx,
-        run_id,
-        "lease.claimed",
-        &decided.payload,
-        &decided.actor(),
-        now_ms,
-    )?;
+    let writes = Writes {
+        claims: vec![decided.row(status == RunStatus::Queued, now_ms)],
+        ..Writes::default()
+    };
+    tx.write_rows(&writes).map_err(|e| tx.fail(&e))?;
     Ok(Some(decided.claim))
 }
 

@@ -11,7 +11,7 @@
 use crate::params;
 
 use crate::blobs;
-use crate::canonical::{into_text, to_vec, Json, Value};
+use crate::canonical::{Json, Value};
 use crate::errors::{LedgerError, Result};
 use crate::events::{self, Actor};
 use crate::ids::{check_name, check_run_id};
@@ -19,6 +19,7 @@ use crate::leases::{self, ClaimSpec};
 use crate::model::{Claim, Lease, Run};
 use crate::runs;
 use crate::status::RunStatus;
+use crate::store::rows::Writes;
 use crate::store::{sql, Store, Tx};
 
 /// `reserve_run`'s arguments, canonicalized before the transaction.
@@ -378,10 +379,8 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
                 };
                 Ok((run_id, lease))
             })?;
-        let batch = tx.batch_statements();
-        let mut claims = Vec::with_capacity(found.len());
-        let mut rows = Vec::new();
-        for (i, (run_id, lease)) in found.iter().enumerate() {
+        let mut decided = Vec::with_capacity(found.len());
+        for (i, (run_id, lease)) in found.into_iter().enumerate() {
             let drawn;
             let spec = if i == 0 {
                 &first
@@ -389,68 +388,25 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
                 drawn = ClaimSpec::new(req.runner_id.clone(), req.lease_ms, None, "token")?;
                 &drawn
             };
-            // PostgreSQL: the read locked the run and read its lease (current, see
-            // `NEXT_QUEUED_SQL`), so the claim is decided here and written with the others by
-            // one statement that rides with the commit.
-            if let (Some(_), Some(lease)) = (batch, lease) {
-                tx.mark_run_locked(run_id)?;
-                if let Some(decided) = leases::decide(lease, RunStatus::Queued, spec, now_ms)? {
-                    rows.push(claim_row(&decided, rows.len(), now_ms));
-                    claims.push(decided.claim);
-                }
-                continue;
-            }
-            // SQLite, where a statement costs no round trip, and a run without a lease row: the
-            // one-by-one claim, the status read again under the lock.
-            tx.lock_run(run_id)?;
-            let state = crate::status::run_state(tx, run_id)?.status;
-            if state != RunStatus::Queued {
-                continue;
-            }
-            if let Some(claim) = leases::claim_in(tx, run_id, state, spec, now_ms)? {
-                claims.push(claim);
-            }
+            // The read locked the run (PostgreSQL's `FOR UPDATE`; SQLite has one writer) and
+            // read its lease, current (see `NEXT_QUEUED_SQL`), so the claim is decided here
+            // and written with the others at the end. A queued run without a lease row gets
+            // one, never claimed.
+            tx.mark_run_locked(&run_id)?;
+            let lease = if let Some(lease) = lease {
+                lease
+            } else {
+                tx.exec_later(&sql::CREATE_LEASE_SQL, params![run_id])?;
+                leases::unclaimed(&run_id)
+            };
+            decided.extend(leases::decide(&lease, RunStatus::Queued, spec, now_ms)?);
         }
-        if let Some(batch) = batch {
-            write_rows(tx, &batch.claim_group, rows)?;
-        }
+        let writes = Writes {
+            claims: decided.iter().map(|d| d.row(true, now_ms)).collect(),
+            ..Writes::default()
+        };
+        tx.write_rows(&writes).map_err(|e| tx.fail(&e))?;
+        let claims: Vec<Claim> = decided.into_iter().map(|d| d.claim).collect();
         Ok(claims)
     })
-}
-
-/// Queue the claim group statement on `rows`; it checks its own counts (anything but one row
-/// per part per row fails the transaction), so it needs no answer and goes out with the
-/// commit.
-fn write_rows(tx: &dyn Tx, sql: &crate::store::Sql, rows: Vec<Value>) -> Result<()> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-    let json = into_text(to_vec(&Value::Array(rows)));
-    tx.exec_later(sql, crate::params![json, n])
-}
-
-/// One row of the claim group statement (`BatchStatements::claim_group`).
-fn claim_row(decided: &leases::Decided, ord: usize, now_ms: i64) -> Value {
-    Value::Object(vec![
-        (
-            "actor_id".into(),
-            Value::Str(decided.claim.owner_id.clone()),
-        ),
-        ("actor_type".into(), Value::Str(decided.owner_type.into())),
-        ("expires_at".into(), Value::Int(decided.claim.expires_at)),
-        ("generation".into(), Value::Int(decided.claim.generation)),
-        (
-            "ord".into(),
-            Value::Int(i64::try_from(ord).unwrap_or(i64::MAX) + 1),
-        ),
-        (
-            "payload".into(),
-            Value::Str(into_text(to_vec(&decided.payload))),
-        ),
-        ("previous".into(), Value::Int(decided.previous)),
-        ("run_id".into(), Value::Str(decided.claim.run_id.clone())),
-        ("token_hash".into(), Value::Str(decided.token_hash.clone())),
-        ("ts".into(), Value::Int(now_ms)),
-    ])
 }

@@ -928,7 +928,7 @@ fn merged_groups_take_few_round_trips_on_postgres() {
 /// row, on each backend: SQLite counts each row's statement, PostgreSQL's set statements count
 /// themselves and fail the commit they ride with.
 fn a_write_that_matches_no_row_fails_its_transaction(store: &mut dyn Store) {
-    use crate::store::rows::{FinishRow, HeartbeatRow, ReclaimRow, Stamp, Writes};
+    use crate::store::rows::{ClaimRow, FinishRow, HeartbeatRow, ReclaimRow, Stamp, Writes};
 
     started(store, "r1");
     let before = events::read(store, Some("r1"), 0, 100, None).expect("events");
@@ -961,7 +961,24 @@ fn a_write_that_matches_no_row_fails_its_transaction(store: &mut dyn Store) {
         heartbeat_at: T0,
         expires_at: T0 + 1,
     };
+    // A claim from a generation the lease is not at.
+    let claim = ClaimRow {
+        run_id: "r1",
+        previous: 41,
+        generation: 42,
+        owner_type: "session",
+        owner_id: "someone",
+        token_hash: "hash",
+        expires_at: T0 + 1,
+        queued: false,
+        payload: "{}".into(),
+        stamp: Stamp::default(),
+    };
     let writes = [
+        Writes {
+            claims: vec![claim],
+            ..Writes::default()
+        },
         Writes {
             finishes: vec![finish],
             ..Writes::default()

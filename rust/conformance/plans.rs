@@ -90,14 +90,11 @@ fn plan_after(
     };
     // PostgreSQL plans an EXPLAIN with the parameters' values (a custom plan); SQLite
     // without them, as its prepared statement runs.
+    // SQLite answers (id, parent, notused, detail); PostgreSQL one line of text.
+    let postgres = store.pragmas().expect("pragmas").journal_mode == "postgresql";
+    let column = if postgres { 0 } else { 3 };
     store
         .read("explaining", |tx| {
-            // SQLite answers (id, parent, notused, detail); PostgreSQL one line of text.
-            let column = if tx.batch_statements().is_some() {
-                0
-            } else {
-                3
-            };
             if let Some(setup) = setup {
                 tx.rows(setup, params![], |_| Ok(()))?;
             }

@@ -199,21 +199,11 @@ impl Sql {
         Self { sqlite, postgres }
     }
 
-    /// A statement in the dialect of the one backend that hands it out (see
-    /// [`Tx::batch_statements`]); only that backend's transactions ever run it.
+    /// A statement in the dialect of the one backend that runs it (its own reads and writes
+    /// of [`rows`]); no other backend's transaction ever sees it.
     pub const fn native(text: &'static str) -> Self {
         Self::same(text)
     }
-}
-
-/// The set-based statements of a backend where every statement is a network round trip
-/// ([`Tx::batch_statements`]); the parameters and result columns of each are documented with
-/// its text in that backend.
-#[derive(Debug)]
-pub struct BatchStatements {
-    /// Every claim of a `claim_next`, one row per run: the leases' compare-and-set, the
-    /// queued runs moved to `starting`, and the `lease.claimed` events.
-    pub claim_group: Sql,
 }
 
 /// A bound parameter or a read column, in the four shapes the ledger stores: every integer is
@@ -445,11 +435,6 @@ pub trait Tx {
     fn write_rows(&self, writes: &rows::Writes<'_>) -> DbResult<()> {
         rows::write_each(self, writes)
     }
-    /// The set-based batch statements, if this transaction pays a round trip per statement
-    /// (PostgreSQL): an operation on many rows then writes them with one statement instead of
-    /// one per row. `None` where a statement is an in-process call (SQLite): there the
-    /// one-by-one statements are as fast, and they are the only path.
-    fn batch_statements(&self) -> Option<&'static BatchStatements>;
     /// Take, keep or undo the savepoint around one call of a grouped transaction (one level:
     /// the calls of a group run one after another). SQLite runs it now; PostgreSQL queues it.
     fn savepoint(&self, step: Savepoint) -> Result<()>;

@@ -150,11 +150,31 @@ pub struct HeartbeatRow<'a> {
     pub expires_at: i64,
 }
 
-/// Everything one judgment writes, in the order it is written: heartbeats, finishes, new
+/// A claim decided on the lease as read: the lease's compare-and-set from `previous` to
+/// `generation`, a queued run moved to `starting`, and the `lease.claimed` event (its stamp is
+/// the new owner at the new generation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRow<'a> {
+    pub run_id: &'a str,
+    pub previous: i64,
+    pub generation: i64,
+    pub owner_type: &'static str,
+    pub owner_id: &'a str,
+    pub token_hash: &'a str,
+    pub expires_at: i64,
+    /// The run is `queued` and moves to `starting`.
+    pub queued: bool,
+    /// The event's payload, canonical JSON.
+    pub payload: String,
+    pub stamp: Stamp,
+}
+
+/// Everything one judgment writes, in the order it is written: claims, heartbeats, finishes, new
 /// attempts, reclaims (a reclaim may name an attempt started in the same judgment). Within a
 /// kind, rows keep the order they were judged in, which is the order their events take.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Writes<'a> {
+    pub claims: Vec<ClaimRow<'a>>,
     pub heartbeats: Vec<HeartbeatRow<'a>>,
     pub finishes: Vec<FinishRow<'a>>,
     pub reserves: Vec<ReserveRow<'a>>,
@@ -164,7 +184,8 @@ pub struct Writes<'a> {
 impl Writes<'_> {
     /// Nothing to write.
     pub fn is_empty(&self) -> bool {
-        self.heartbeats.is_empty()
+        self.claims.is_empty()
+            && self.heartbeats.is_empty()
             && self.finishes.is_empty()
             && self.reserves.is_empty()
             && self.reclaims.is_empty()
@@ -214,11 +235,16 @@ pub fn read_each<T: Tx + ?Sized>(
 
 /// A write that changed another number of rows than the judgment expected.
 fn miscount(what: &str, run_id: &str, unit_id: &str, changed: usize) -> DbError {
+    let of = if unit_id.is_empty() {
+        format!("run {run_id:?}")
+    } else {
+        format!("unit {unit_id:?} of run {run_id:?}")
+    };
     DbError::new(
         DbErrorKind::Other,
         format!(
-            "{what} of unit {unit_id:?} of run {run_id:?} changed {changed} rows, not 1; nothing \
-             of the transaction was kept (run `fencepost doctor`)"
+            "{what} of {of} changed {changed} rows, not 1; nothing of the transaction was kept \
+             (run `fencepost doctor`)"
         ),
     )
 }
@@ -239,10 +265,43 @@ fn one<T: Tx + ?Sized>(
 
 /// Write every row with one statement per row, in the judged order.
 pub fn write_each<T: Tx + ?Sized>(tx: &T, writes: &Writes<'_>) -> DbResult<()> {
+    claims(tx, &writes.claims)?;
     heartbeats(tx, &writes.heartbeats)?;
     finishes(tx, &writes.finishes)?;
     reserves(tx, &writes.reserves)?;
     reclaims(tx, &writes.reclaims)
+}
+
+fn claims<T: Tx + ?Sized>(tx: &T, rows: &[ClaimRow<'_>]) -> DbResult<()> {
+    for c in rows {
+        let key = (c.run_id, "");
+        one(
+            tx,
+            "claiming the lease",
+            key,
+            &sql::CLAIM_SQL,
+            params![
+                c.run_id,
+                c.previous,
+                c.owner_type,
+                c.owner_id,
+                c.token_hash,
+                c.stamp.ts,
+                c.expires_at
+            ],
+        )?;
+        if c.queued {
+            one(
+                tx,
+                "starting the run",
+                key,
+                &sql::CLAIM_STARTING_SQL,
+                params![c.run_id, c.stamp.ts],
+            )?;
+        }
+        event(tx, c.run_id, "lease.claimed", &c.payload, &c.stamp)?;
+    }
+    Ok(())
 }
 
 fn heartbeats<T: Tx + ?Sized>(tx: &T, rows: &[HeartbeatRow<'_>]) -> DbResult<()> {

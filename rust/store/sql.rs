@@ -25,7 +25,10 @@ pub const GET_BLOB_SQL: Sql = Sql::same("SELECT bytes FROM blobs WHERE digest = 
 /// SQLite: `seq` is numbered here, above both the newest `seq` and `event_seq_floor` (which
 /// prune raises before it deletes the newest events), so a number is never handed out twice;
 /// left to SQLite, a rowid is max + 1 and would repeat a pruned one. Both are single probes
-/// (the rowid's last entry, the floor's one row), read once per statement.
+/// (the rowid's last entry, the floor's one row), read once per statement. `VALUES` with
+/// scalar subqueries, not `INSERT ... SELECT ... FROM events`: SQLite copies the rows of a
+/// SELECT from the table it inserts into through a temporary B-tree first, opened and freed
+/// on every append (measured: ~2 us of a 30 us reserve + finish).
 ///
 /// PostgreSQL: `seq` is the identity sequence's. The caller holds the run's row lock
 /// (`Tx::lock_run`), taken by an earlier statement, so this statement's snapshot already sees
@@ -33,10 +36,10 @@ pub const GET_BLOB_SQL: Sql = Sql::same("SELECT bytes FROM blobs WHERE digest = 
 pub const INSERT_EVENT_SQL: Sql = Sql::split(
     "INSERT INTO events(seq, resource_id, revision, type, actor_type,
     actor_id, generation, payload, idempotency_key, ts)
-    SELECT max(coalesce((SELECT max(seq) FROM events), 0),
+    VALUES (max(coalesce((SELECT max(seq) FROM events), 0),
         (SELECT seq FROM event_seq_floor WHERE id = 1)) + 1,
-      ?1, coalesce(max(revision), 0) + 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
-    FROM events WHERE resource_id = ?1",
+      ?1, (SELECT coalesce(max(revision), 0) + 1 FROM events WHERE resource_id = ?1),
+      ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     "INSERT INTO events(resource_id, revision, type, actor_type,
     actor_id, generation, payload, idempotency_key, ts)
     SELECT CAST(?1 AS TEXT), coalesce(max(revision), 0) + 1, CAST(?2 AS TEXT),

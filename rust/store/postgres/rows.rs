@@ -7,7 +7,8 @@
 use crate::canonical::{into_text, to_vec, Value};
 use crate::params;
 use crate::store::rows::{
-    self, FinishRow, HeartbeatRow, Part, ReclaimRow, ReserveRow, SnapshotKeys, Stamp, Writes,
+    self, ClaimRow, FinishRow, HeartbeatRow, Part, ReclaimRow, ReserveRow, SnapshotKeys, Stamp,
+    Writes,
 };
 use crate::store::{DbResult, Row, Sql, ToSql, Tx};
 
@@ -105,6 +106,22 @@ pub(super) fn read(
     tx.query_many(&queries, &mut |i, r| each(parts[i], r))
 }
 
+fn claim(i: usize, c: &ClaimRow<'_>) -> Value {
+    object(vec![
+        ("actor_id", text(c.owner_id)),
+        ("actor_type", text(c.owner_type)),
+        ("expires_at", Value::Int(c.expires_at)),
+        ("generation", Value::Int(c.generation)),
+        ("ord", ord(i)),
+        ("payload", text(&c.payload)),
+        ("previous", Value::Int(c.previous)),
+        ("queued", Value::Bool(c.queued)),
+        ("run_id", text(c.run_id)),
+        ("token_hash", text(c.token_hash)),
+        ("ts", Value::Int(c.stamp.ts)),
+    ])
+}
+
 fn heartbeat(h: &HeartbeatRow<'_>) -> Value {
     object(vec![
         ("expires_at", Value::Int(h.expires_at)),
@@ -172,7 +189,7 @@ fn reclaim(r: &ReclaimRow<'_>) -> Value {
 /// Queue one set statement over `rows` (nothing when there are none): it checks its own
 /// counts against `?2` and fails the transaction otherwise, so it needs no answer and goes
 /// out with the next statement that waits, at the latest the commit.
-pub(super) fn queue(tx: &dyn Tx, statement: &Sql, rows: Vec<Value>) -> DbResult<()> {
+fn queue(tx: &dyn Tx, statement: &Sql, rows: Vec<Value>) -> DbResult<()> {
     if rows.is_empty() {
         return Ok(());
     }
@@ -182,6 +199,16 @@ pub(super) fn queue(tx: &dyn Tx, statement: &Sql, rows: Vec<Value>) -> DbResult<
 
 /// Write a judgment: one set statement per kind, in the kinds' order.
 pub(super) fn write(tx: &dyn Tx, writes: &Writes<'_>) -> DbResult<()> {
+    queue(
+        tx,
+        &sql::CLAIM_GROUP,
+        writes
+            .claims
+            .iter()
+            .enumerate()
+            .map(|(i, c)| claim(i, c))
+            .collect(),
+    )?;
     queue(
         tx,
         &sql::HEARTBEAT_GROUP,

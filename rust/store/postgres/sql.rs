@@ -4,7 +4,7 @@
 //! `$N` when it prepares them.
 
 use crate::store::sql::units_reserve_upsert;
-use crate::store::{BatchStatements, Sql};
+use crate::store::Sql;
 
 // ------------------------------------------------------------------ locks and events
 
@@ -58,12 +58,6 @@ pub const EVENT_HORIZON_SQL: &str = "SELECT least(
 
 // ------------------------------------------------------------------ batches
 
-/// The set-based statements `claim_next` uses, handed out by the transaction
-/// ([`crate::store::Tx::batch_statements`]).
-pub static BATCH: BatchStatements = BatchStatements {
-    claim_group: Sql::native(CLAIM_GROUP_SQL),
-};
-
 /// The judged write path's set statements (`store::postgres::rows`).
 pub const SNAPSHOT_RUNS: Sql = Sql::native(GROUP_RUNS_SQL);
 pub const SNAPSHOT_LATEST: Sql = Sql::native(LATEST_ATTEMPTS_GROUP_SQL);
@@ -72,6 +66,7 @@ pub const HEARTBEAT_GROUP: Sql = Sql::native(HEARTBEAT_GROUP_SQL);
 pub const FINISH_GROUP: Sql = Sql::native(FINISH_GROUP_SQL);
 pub const RESERVE_GROUP: Sql = Sql::native(RESERVE_GROUP_SQL);
 pub const RECLAIM_GROUP: Sql = Sql::native(RECLAIM_GROUP_SQL);
+pub const CLAIM_GROUP: Sql = Sql::native(CLAIM_GROUP_SQL);
 
 // Why the set statements below join their JSON rows through `LATERAL` subqueries: the planner
 // estimates a `json_to_recordset` at 100 rows and knows nothing of a table's growth until it
@@ -328,9 +323,10 @@ pub const RECLAIM_GROUP_SQL: &str = concat!(
     counts_or_fail!("(SELECT count(*) FROM r) = CAST(?2 AS BIGINT)")
 );
 
-/// Every claim of a `claim_next` in one statement, one row per run, written as the one-by-one
+/// Every claim of a judgment in one statement, one row per run, written as the one-row
 /// statements write a claim: the lease's compare-and-set from the generation the caller read
-/// (`previous`) to the next, the queued run moved to `starting`, and a `lease.claimed` event.
+/// (`previous`) to the next, a queued run (`queued`) moved to `starting`, and a `lease.claimed`
+/// event.
 /// The runs' row locks are held (the read that found them took them), and every writer of a
 /// lease holds its run's lock, so the rows and their `ctid`s stay as read; found by a probe per
 /// row and updated by `ctid` (see [`HEARTBEAT_GROUP_SQL`]). Each part must write exactly the
@@ -340,7 +336,8 @@ pub const CLAIM_GROUP_SQL: &str = concat!(
     "WITH x AS (
         SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
             run_id TEXT, previous BIGINT, generation BIGINT, actor_type TEXT, actor_id TEXT,
-            token_hash TEXT, expires_at BIGINT, payload TEXT, ts BIGINT, ord BIGINT)
+            token_hash TEXT, expires_at BIGINT, payload TEXT, ts BIGINT, ord BIGINT,
+            queued BOOLEAN)
     ), cl AS (
         SELECT x.*, l.tid FROM x CROSS JOIN LATERAL (
             SELECT ctid AS tid FROM leases
@@ -358,6 +355,7 @@ pub const CLAIM_GROUP_SQL: &str = concat!(
         SELECT x.ts, r.tid FROM x CROSS JOIN LATERAL (
             SELECT ctid AS tid FROM runs WHERE run_id = x.run_id AND status = 'queued'
             OFFSET 0) r
+        WHERE x.queued
     ), s AS (
         UPDATE runs r SET status = 'starting', updated_at = sr.ts
         FROM sr WHERE r.ctid = sr.tid
@@ -366,7 +364,7 @@ pub const CLAIM_GROUP_SQL: &str = concat!(
     group_events!("lease.claimed"),
     counts_or_fail!(
         "(SELECT count(*) FROM c) = CAST(?2 AS BIGINT)
-        AND (SELECT count(*) FROM s) = CAST(?2 AS BIGINT)
+        AND (SELECT count(*) FROM s) = (SELECT count(*) FROM x WHERE x.queued)
         AND (SELECT count(*) FROM e) = CAST(?2 AS BIGINT)"
     )
 );

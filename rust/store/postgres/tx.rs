@@ -16,8 +16,8 @@ use super::sql;
 use super::target::Target;
 use crate::errors::{LedgerError, Result};
 use crate::store::{
-    ledger_error, BatchStatements, DbError, DbErrorKind, DbResult, FailureScope, Row, Savepoint,
-    Sql, SqlValue, ToSql,
+    ledger_error, DbError, DbErrorKind, DbResult, FailureScope, Row, Savepoint, Sql, SqlValue,
+    ToSql,
 };
 
 /// Why a statement's failure asks for the whole transaction to run again.
@@ -361,12 +361,6 @@ impl crate::store::Tx for Tx<'_> {
     /// One set statement per kind, queued to go out with the commit.
     fn write_rows(&self, writes: &crate::store::rows::Writes<'_>) -> DbResult<()> {
         super::rows::write(self, writes)
-    }
-
-    /// Every statement is a round trip here, so a batch written by one set-based statement
-    /// costs one round trip instead of one per row.
-    fn batch_statements(&self) -> Option<&'static BatchStatements> {
-        Some(&sql::BATCH)
     }
 
     /// Queued like a deferred write: `SAVEPOINT` goes out with the call's first read, and

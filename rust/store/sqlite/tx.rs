@@ -10,8 +10,8 @@ use rusqlite::Connection;
 use super::errors::classify;
 use crate::errors::{LedgerError, Result};
 use crate::store::{
-    ledger_error, BatchStatements, DbError, DbErrorKind, DbResult, FailureScope, Row, Savepoint,
-    Sql, SqlValue, ToSql,
+    ledger_error, DbError, DbErrorKind, DbResult, FailureScope, Row, Savepoint, Sql, SqlValue,
+    ToSql,
 };
 
 /// An open transaction, with the operation and database named for error messages. Every
@@ -162,11 +162,6 @@ impl crate::store::Tx for Tx<'_> {
 
     fn mark_run_locked(&self, _run_id: &str) -> Result<()> {
         Ok(())
-    }
-
-    /// Statements are in-process calls: one per row costs no round trip.
-    fn batch_statements(&self) -> Option<&'static BatchStatements> {
-        None
     }
 
     /// One fixed name, so each statement stays in the prepared-statement cache.

@@ -8,7 +8,7 @@ use super::{finish, started, unit, LEASE_MS, T0};
 use crate::attempts::{self, UnitSpec};
 use crate::errors::{LedgerError, Result};
 use crate::leases::{self, ClaimSpec, Fence};
-use crate::model::{Claim, Event};
+use crate::model::{Claim, Event, Reservation};
 use crate::runs;
 use crate::store::Store;
 use crate::writer::{run_group, Op, Outcome, Output};
@@ -749,16 +749,20 @@ fn reserve_with(run: &str, units: Vec<UnitSpec>, ids: Vec<String>, now: i64) -> 
     }
 }
 
-/// A batch call against the same work one unit at a time, in the batch's order, on a twin:
-/// the same answers, the same rows and events. On PostgreSQL a batch of distinct units is
-/// judged over one read and written by set statements; one unit at a time takes the
-/// one-by-one statements: both must decide alike (new attempts, reclaims of running ones, the
-/// next attempt of finished ones; winning, duplicate, wrong and late finishes).
+/// A batch call against the same work one unit at a time, in the batch's order, and against
+/// a commit group of those one-unit calls, each on a twin: the same answers, the same rows and
+/// events. The three take different shapes through the judge (one call of many units, many
+/// calls in turn, many calls over one snapshot) and, on PostgreSQL, different statements (a
+/// one-key read and one-row sets, or set statements over many keys): all must decide alike
+/// (new attempts, reclaims of running ones and of a unit reserved earlier in the same batch,
+/// the next attempt of finished ones; winning, duplicate, wrong and late finishes).
 pub(super) fn batches_match_lone_calls(store: &mut dyn Store) {
+    let mut repeated = 0;
     for seed in 1..=6u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let (mut a, _keep_a) = twin(store);
         let (mut b, _keep_b) = twin(store);
+        let (mut c, _keep_c) = twin(store);
         // u0 and u2 running, u1 and u3 finished, u4.. new.
         let setup = reserve(
             "q",
@@ -770,24 +774,30 @@ pub(super) fn batches_match_lone_calls(store: &mut dyn Store) {
             .iter()
             .map(|&i| finishing("q", &format!("u{i}"), 1, &dispatch(&setup, i), None))
             .collect();
-        for s in [a.as_mut(), b.as_mut()] {
+        for s in [a.as_mut(), b.as_mut(), c.as_mut()] {
             started(s, "q");
             for op in std::iter::once(&setup).chain(&done) {
                 run_group(s, &[op]).0.remove(0).expect("setup call");
             }
         }
-        // Distinct units, in a random order.
+        // Units in a random order, now and then one twice (its second reservation reclaims
+        // the first).
         let mut pool: Vec<usize> = (0..8).collect();
         let mut units = Vec::new();
         for _ in 0..2 + rng.below(6) {
             units.push(pool.remove(rng.below(pool.len())));
+            if rng.below(4) == 0 {
+                units.push(units[rng.below(units.len())]);
+            }
         }
+        let mut seen = std::collections::HashSet::new();
+        repeated += units.iter().filter(|&&u| !seen.insert(u)).count();
         let specs: Vec<UnitSpec> = units.iter().map(|i| unit(&format!("u{i}"))).collect();
         let ids: Vec<String> = (0..specs.len()).map(|i| format!("d{seed}-{i}")).collect();
         let batch = reserve_with("q", specs.clone(), ids.clone(), T0 + 10);
         let batched = run_group(a.as_mut(), &[&batch]).0.remove(0);
         let mut alone = Vec::new();
-        for (u, id) in specs.into_iter().zip(ids) {
+        for (u, id) in specs.iter().cloned().zip(ids.iter().cloned()) {
             let op = reserve_with("q", vec![u], vec![id], T0 + 10);
             alone.extend(
                 run_group(b.as_mut(), &[&op])
@@ -797,8 +807,19 @@ pub(super) fn batches_match_lone_calls(store: &mut dyn Store) {
                     .expect("reserved alone"),
             );
         }
+        let lone: Vec<Op> = specs
+            .iter()
+            .zip(&ids)
+            .map(|(u, id)| reserve_with("q", vec![u.clone()], vec![id.clone()], T0 + 10))
+            .collect();
+        let grouped = answers(run_group(c.as_mut(), &lone.iter().collect::<Vec<_>>()));
+        let grouped: Vec<Reservation> = grouped
+            .into_iter()
+            .flat_map(|o| o.reservations().expect("reserved in a group"))
+            .collect();
         let reserved = batched.and_then(Output::reservations).expect("reserved");
         assert_eq!(reserved, alone, "seed {seed}");
+        assert_eq!(reserved, grouped, "seed {seed}");
         // Finishes of what was reserved: some twice, some with a wrong id or a later attempt.
         let mut finishes = Vec::new();
         for r in &reserved {
@@ -817,21 +838,36 @@ pub(super) fn batches_match_lone_calls(store: &mut dyn Store) {
         }
         let batch = Op::finish(finishes.clone(), None, T0 + 20).expect("finish op");
         let batched = run_group(a.as_mut(), &[&batch]).0.remove(0);
+        let lone: Vec<Op> = finishes
+            .iter()
+            .map(|f| Op::finish(vec![f.clone()], None, T0 + 20).expect("finish op"))
+            .collect();
         let mut alone = Vec::new();
-        for f in finishes {
-            let op = Op::finish(vec![f], None, T0 + 20).expect("finish op");
-            match run_group(b.as_mut(), &[&op]).0.remove(0) {
+        for op in &lone {
+            match run_group(b.as_mut(), &[op]).0.remove(0) {
                 Ok(Output::Finished(won)) => alone.extend(won),
                 other => panic!("seed {seed}: {other:?}"),
             }
         }
-        assert_eq!(batched, Ok(Output::Finished(alone)), "seed {seed}");
-        assert_eq!(
-            rows_of(a.as_mut(), &["q"]),
-            rows_of(b.as_mut(), &["q"]),
-            "seed {seed}"
-        );
+        let grouped: Vec<bool> = answers(run_group(c.as_mut(), &lone.iter().collect::<Vec<_>>()))
+            .into_iter()
+            .flat_map(|o| o.finished().expect("finished in a group"))
+            .collect();
+        assert_eq!(batched, Ok(Output::Finished(alone.clone())), "seed {seed}");
+        assert_eq!(grouped, alone, "seed {seed}");
+        let rows = rows_of(a.as_mut(), &["q"]);
+        assert_eq!(rows, rows_of(b.as_mut(), &["q"]), "seed {seed}");
+        assert_eq!(rows, rows_of(c.as_mut(), &["q"]), "seed {seed}");
     }
+    assert!(repeated > 0, "some batch reserves a unit twice");
+}
+
+/// The answers of a group that did not fall back and whose calls all succeeded, in arrival
+/// order, having been applied in arrival order (one kind of call).
+fn answers((out, outcome): (Vec<Result<Output>>, Outcome)) -> Vec<Output> {
+    assert!(!outcome.fell_back, "{out:?}");
+    assert!(outcome.order.windows(2).all(|w| w[0] < w[1]), "{outcome:?}");
+    out.into_iter().map(|o| o.expect("answered")).collect()
 }
 
 /// Round trips a grouped call waited for on this thread so far (0 on SQLite).

@@ -1010,24 +1010,29 @@ fn a_write_that_matches_no_row_fails_its_transaction(store: &mut dyn Store) {
         payload: "{}".into(),
         stamp: Stamp::default(),
     };
-    let writes = [
-        Writes {
-            claims: vec![claim],
-            ..Writes::default()
-        },
-        Writes {
-            finishes: vec![finish],
-            ..Writes::default()
-        },
-        Writes {
-            reclaims: vec![reclaim],
-            ..Writes::default()
-        },
-        Writes {
-            heartbeats: vec![heartbeat],
-            ..Writes::default()
-        },
-    ];
+    // Each kind alone and twice: PostgreSQL writes one row and several by different
+    // statements.
+    let mut writes = Vec::new();
+    for n in [1, 2] {
+        writes.extend([
+            Writes {
+                claims: vec![claim.clone(); n],
+                ..Writes::default()
+            },
+            Writes {
+                finishes: vec![finish.clone(); n],
+                ..Writes::default()
+            },
+            Writes {
+                reclaims: vec![reclaim.clone(); n],
+                ..Writes::default()
+            },
+            Writes {
+                heartbeats: vec![heartbeat.clone(); n],
+                ..Writes::default()
+            },
+        ]);
+    }
     for w in &writes {
         let err = store
             .write("finishing attempts", |tx| {

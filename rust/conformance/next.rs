@@ -100,7 +100,7 @@ pub(super) fn a_queued_run_without_a_lease_row_is_claimed(store: &mut dyn Store)
 }
 
 /// On PostgreSQL a `claim_next` costs two round trips however many runs it claims: the read
-/// that finds and locks them, then the claims' one statement sent with the commit.
+/// that finds and locks them, then the claims' statements sent with the commit.
 #[cfg(feature = "postgres")]
 pub(super) fn claim_next_takes_two_round_trips(store: &mut dyn Store) {
     let trips = |store: &mut dyn Store| {
@@ -108,11 +108,13 @@ pub(super) fn claim_next_takes_two_round_trips(store: &mut dyn Store) {
             .read("counting round trips", |tx| Ok(tx.round_trips()))
             .expect("round trips")
     };
-    for i in 0..12 {
+    for i in 0..14 {
         queue::reserve_run(store, &queued(&format!("n{i:02}")), T0 + i).expect("reserve_run");
     }
-    // The first call prepares its statements.
+    // The first calls prepare their statements: one claim is written by the one-row
+    // statements, several by the set statement.
     next(store, 1, T0 + 20);
+    next(store, 2, T0 + 20);
     let mut spent = Vec::new();
     for limit in [1, 1, 4, 5] {
         let before = trips(store);

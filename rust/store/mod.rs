@@ -433,7 +433,7 @@ pub trait Tx {
     /// names fails the transaction (by the commit at the latest). By default one statement
     /// per row.
     fn write_rows(&self, writes: &rows::Writes<'_>) -> DbResult<()> {
-        rows::write_each(self, writes)
+        rows::write_each(self, writes, rows::Check::Now)
     }
     /// Take, keep or undo the savepoint around one call of a grouped transaction (one level:
     /// the calls of a group run one after another). SQLite runs it now; PostgreSQL queues it.

@@ -14,7 +14,7 @@
 //! fails rather than commit half a judgment.
 
 use crate::params;
-use crate::store::{sql, DbError, DbErrorKind, DbResult, Row, Tx};
+use crate::store::{sql, DbError, DbErrorKind, DbResult, Row, Sql, ToSql, Tx};
 
 /// A unit of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,20 +199,17 @@ pub fn read_each<T: Tx + ?Sized>(
     keys: &SnapshotKeys<'_>,
     each: &mut dyn FnMut(Part, &dyn Row) -> DbResult<()>,
 ) -> DbResult<()> {
-    let mut queries: Vec<(&crate::store::Sql, Vec<&dyn crate::store::ToSql>)> =
+    let mut queries: Vec<(&Sql, Vec<&dyn ToSql>)> =
         Vec::with_capacity(keys.runs.len() + keys.units.len() + keys.attempts.len());
     let mut parts = Vec::with_capacity(queries.capacity());
     for run in &keys.runs {
-        queries.push((
-            &sql::SNAPSHOT_RUN_SQL,
-            vec![run as &dyn crate::store::ToSql],
-        ));
+        queries.push((&sql::SNAPSHOT_RUN_SQL, vec![run as &dyn ToSql]));
         parts.push(Part::Run);
     }
     for u in &keys.units {
         queries.push((
             &sql::SNAPSHOT_LATEST_SQL,
-            vec![&u.run_id as &dyn crate::store::ToSql, &u.unit_id],
+            vec![&u.run_id as &dyn ToSql, &u.unit_id],
         ));
         parts.push(Part::Latest);
     }
@@ -220,7 +217,7 @@ pub fn read_each<T: Tx + ?Sized>(
         queries.push((
             &sql::SNAPSHOT_RUNNING_SQL,
             vec![
-                &a.run_id as &dyn crate::store::ToSql,
+                &a.run_id as &dyn ToSql,
                 &a.unit_id,
                 &a.attempt,
                 &a.dispatch_id,
@@ -228,7 +225,7 @@ pub fn read_each<T: Tx + ?Sized>(
         ));
         parts.push(Part::Running);
     }
-    let queries: Vec<(&crate::store::Sql, &[&dyn crate::store::ToSql])> =
+    let queries: Vec<(&Sql, &[&dyn ToSql])> =
         queries.iter().map(|(s, p)| (*s, p.as_slice())).collect();
     tx.query_many(&queries, &mut |i, r| each(parts[i], r))
 }
@@ -249,34 +246,51 @@ fn miscount(what: &str, run_id: &str, unit_id: &str, changed: usize) -> DbError 
     )
 }
 
-/// Execute `sql` and require exactly one changed row.
+/// How a row's statement that must change exactly one row is checked.
+#[derive(Clone, Copy)]
+pub enum Check {
+    /// Run it now and compare the count it reports (SQLite: a statement is an in-process
+    /// call).
+    Now,
+    /// Queue the statement this function makes of it, which fails the transaction itself
+    /// when the count differs, so it needs no answer (PostgreSQL: it rides with the commit).
+    InStatement(fn(&Sql) -> &'static Sql),
+}
+
+/// Run `sql`, which must change exactly one row.
 fn one<T: Tx + ?Sized>(
     tx: &T,
+    check: Check,
     what: &str,
     (run_id, unit_id): (&str, &str),
-    sql: &crate::store::Sql,
-    params: &[&dyn crate::store::ToSql],
+    sql: &Sql,
+    params: &[&dyn ToSql],
 ) -> DbResult<()> {
-    match tx.execute(sql, params, false)? {
-        1 => Ok(()),
-        n => Err(miscount(what, run_id, unit_id, n)),
+    match check {
+        Check::InStatement(checked) => tx.defer(checked(sql), params),
+        Check::Now => match tx.execute(sql, params, false)? {
+            1 => Ok(()),
+            n => Err(miscount(what, run_id, unit_id, n)),
+        },
     }
 }
 
 /// Write every row with one statement per row, in the judged order.
-pub fn write_each<T: Tx + ?Sized>(tx: &T, writes: &Writes<'_>) -> DbResult<()> {
-    claims(tx, &writes.claims)?;
-    heartbeats(tx, &writes.heartbeats)?;
-    finishes(tx, &writes.finishes)?;
-    reserves(tx, &writes.reserves)?;
-    reclaims(tx, &writes.reclaims)
+pub fn write_each<T: Tx + ?Sized>(tx: &T, writes: &Writes<'_>, check: Check) -> DbResult<()> {
+    write_claims(tx, check, &writes.claims)?;
+    write_heartbeats(tx, check, &writes.heartbeats)?;
+    write_finishes(tx, check, &writes.finishes)?;
+    write_reserves(tx, check, &writes.reserves)?;
+    write_reclaims(tx, check, &writes.reclaims)
 }
 
-fn claims<T: Tx + ?Sized>(tx: &T, rows: &[ClaimRow<'_>]) -> DbResult<()> {
+/// The claims of a judgment, one statement per row.
+pub fn write_claims<T: Tx + ?Sized>(tx: &T, check: Check, rows: &[ClaimRow<'_>]) -> DbResult<()> {
     for c in rows {
         let key = (c.run_id, "");
         one(
             tx,
+            check,
             "claiming the lease",
             key,
             &sql::CLAIM_SQL,
@@ -293,6 +307,7 @@ fn claims<T: Tx + ?Sized>(tx: &T, rows: &[ClaimRow<'_>]) -> DbResult<()> {
         if c.queued {
             one(
                 tx,
+                check,
                 "starting the run",
                 key,
                 &sql::CLAIM_STARTING_SQL,
@@ -304,10 +319,16 @@ fn claims<T: Tx + ?Sized>(tx: &T, rows: &[ClaimRow<'_>]) -> DbResult<()> {
     Ok(())
 }
 
-fn heartbeats<T: Tx + ?Sized>(tx: &T, rows: &[HeartbeatRow<'_>]) -> DbResult<()> {
+/// The heartbeats of a judgment, one statement per row.
+pub fn write_heartbeats<T: Tx + ?Sized>(
+    tx: &T,
+    check: Check,
+    rows: &[HeartbeatRow<'_>],
+) -> DbResult<()> {
     for h in rows {
         one(
             tx,
+            check,
             "renewing the lease",
             (h.run_id, ""),
             &sql::HEARTBEAT_SQL,
@@ -323,11 +344,17 @@ fn heartbeats<T: Tx + ?Sized>(tx: &T, rows: &[HeartbeatRow<'_>]) -> DbResult<()>
     Ok(())
 }
 
-fn finishes<T: Tx + ?Sized>(tx: &T, rows: &[FinishRow<'_>]) -> DbResult<()> {
+/// The finishes of a judgment, one statement per row.
+pub fn write_finishes<T: Tx + ?Sized>(
+    tx: &T,
+    check: Check,
+    rows: &[FinishRow<'_>],
+) -> DbResult<()> {
     for f in rows {
         let key = (f.run_id, f.unit_id);
         one(
             tx,
+            check,
             "finishing the attempt",
             key,
             &sql::FINISH_ATTEMPT_SQL,
@@ -346,6 +373,7 @@ fn finishes<T: Tx + ?Sized>(tx: &T, rows: &[FinishRow<'_>]) -> DbResult<()> {
         )?;
         one(
             tx,
+            check,
             "projecting the finish",
             key,
             &sql::FINISH_ATTEMPT_UNIT_SQL,
@@ -366,11 +394,17 @@ fn finishes<T: Tx + ?Sized>(tx: &T, rows: &[FinishRow<'_>]) -> DbResult<()> {
     Ok(())
 }
 
-fn reserves<T: Tx + ?Sized>(tx: &T, rows: &[ReserveRow<'_>]) -> DbResult<()> {
+/// The new attempts of a judgment, one statement per row.
+pub fn write_reserves<T: Tx + ?Sized>(
+    tx: &T,
+    check: Check,
+    rows: &[ReserveRow<'_>],
+) -> DbResult<()> {
     for s in rows {
         let key = (s.run_id, s.unit_id);
         one(
             tx,
+            check,
             "projecting the new attempt",
             key,
             &sql::RESERVE_ATTEMPT_UNIT_SQL,
@@ -393,6 +427,7 @@ fn reserves<T: Tx + ?Sized>(tx: &T, rows: &[ReserveRow<'_>]) -> DbResult<()> {
         )?;
         one(
             tx,
+            check,
             "starting the attempt",
             key,
             &sql::RESERVE_ATTEMPT_INSERT_SQL,
@@ -416,10 +451,16 @@ fn reserves<T: Tx + ?Sized>(tx: &T, rows: &[ReserveRow<'_>]) -> DbResult<()> {
     Ok(())
 }
 
-fn reclaims<T: Tx + ?Sized>(tx: &T, rows: &[ReclaimRow<'_>]) -> DbResult<()> {
+/// The reclaims of a judgment, one statement per row.
+pub fn write_reclaims<T: Tx + ?Sized>(
+    tx: &T,
+    check: Check,
+    rows: &[ReclaimRow<'_>],
+) -> DbResult<()> {
     for r in rows {
         one(
             tx,
+            check,
             "reclaiming the attempt",
             (r.run_id, r.unit_id),
             &sql::RECLAIM_ATTEMPT_SQL,
@@ -434,10 +475,9 @@ fn reclaims<T: Tx + ?Sized>(tx: &T, rows: &[ReclaimRow<'_>]) -> DbResult<()> {
             ],
         )?;
         // Changes nothing when the holder stays (see the statement): no count to check.
-        tx.execute(
+        tx.defer(
             &sql::RECLAIM_UNIT_SQL,
             params![r.run_id, r.unit_id, r.holder],
-            false,
         )?;
     }
     Ok(())

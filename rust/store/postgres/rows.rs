@@ -7,8 +7,8 @@
 use crate::canonical::{into_text, to_vec, Value};
 use crate::params;
 use crate::store::rows::{
-    self, ClaimRow, FinishRow, HeartbeatRow, Part, ReclaimRow, ReserveRow, SnapshotKeys, Stamp,
-    Writes,
+    self, Check, ClaimRow, FinishRow, HeartbeatRow, Part, ReclaimRow, ReserveRow, SnapshotKeys,
+    Stamp, Writes,
 };
 use crate::store::{DbResult, Row, Sql, ToSql, Tx};
 
@@ -197,46 +197,77 @@ fn queue(tx: &dyn Tx, statement: &Sql, rows: Vec<Value>) -> DbResult<()> {
     tx.defer(statement, params![json(rows), n])
 }
 
-/// Write a judgment: one set statement per kind, in the kinds' order.
+/// Write a judgment, kind by kind in the kinds' order: a kind with one row by its one-row
+/// statements, queued with their counts checked in the statement (a set statement over one
+/// JSON row costs more to run than the plain statements it stands for: measured, a lone
+/// reserve + finish took ~35% longer), a kind with more by its set statement.
 pub(super) fn write(tx: &dyn Tx, writes: &Writes<'_>) -> DbResult<()> {
-    queue(
-        tx,
-        &sql::CLAIM_GROUP,
-        writes
-            .claims
-            .iter()
-            .enumerate()
-            .map(|(i, c)| claim(i, c))
-            .collect(),
-    )?;
-    queue(
-        tx,
-        &sql::HEARTBEAT_GROUP,
-        writes.heartbeats.iter().map(heartbeat).collect(),
-    )?;
-    queue(
-        tx,
-        &sql::FINISH_GROUP,
-        writes
+    let check = Check::InStatement(checked);
+    if writes.claims.len() == 1 {
+        rows::write_claims(tx, check, &writes.claims)?;
+    } else {
+        let json = writes.claims.iter().enumerate().map(|(i, c)| claim(i, c));
+        queue(tx, &sql::CLAIM_GROUP, json.collect())?;
+    }
+    if writes.heartbeats.len() == 1 {
+        rows::write_heartbeats(tx, check, &writes.heartbeats)?;
+    } else {
+        let json = writes.heartbeats.iter().map(heartbeat);
+        queue(tx, &sql::HEARTBEAT_GROUP, json.collect())?;
+    }
+    if writes.finishes.len() == 1 {
+        rows::write_finishes(tx, check, &writes.finishes)?;
+    } else {
+        let json = writes
             .finishes
             .iter()
             .enumerate()
-            .map(|(i, f)| finish(i, f))
-            .collect(),
-    )?;
-    queue(
-        tx,
-        &sql::RESERVE_GROUP,
-        writes
+            .map(|(i, f)| finish(i, f));
+        queue(tx, &sql::FINISH_GROUP, json.collect())?;
+    }
+    if writes.reserves.len() == 1 {
+        rows::write_reserves(tx, check, &writes.reserves)?;
+    } else {
+        let json = writes
             .reserves
             .iter()
             .enumerate()
-            .map(|(i, r)| reserve(i, r))
-            .collect(),
-    )?;
-    queue(
-        tx,
-        &sql::RECLAIM_GROUP,
-        writes.reclaims.iter().map(reclaim).collect(),
-    )
+            .map(|(i, r)| reserve(i, r));
+        queue(tx, &sql::RESERVE_GROUP, json.collect())?;
+    }
+    if writes.reclaims.len() == 1 {
+        rows::write_reclaims(tx, check, &writes.reclaims)
+    } else {
+        queue(
+            tx,
+            &sql::RECLAIM_GROUP,
+            writes.reclaims.iter().map(reclaim).collect(),
+        )
+    }
+}
+
+/// `statement` (an UPDATE or INSERT of one row) wrapped so that it fails the transaction when
+/// it changes another number of rows than one: the same check as `counts_or_fail`, so it
+/// needs no answer either. Made once per statement and kept for the process.
+fn checked(statement: &Sql) -> &'static Sql {
+    static MADE: std::sync::Mutex<Vec<(usize, &'static Sql)>> = std::sync::Mutex::new(Vec::new());
+    let key = statement.postgres.as_ptr() as usize;
+    let mut made = MADE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, sql)) = made.iter().find(|(k, _)| *k == key) {
+        return sql;
+    }
+    let text: &'static str = Box::leak(
+        format!(
+            "WITH w AS ({} RETURNING 1) SELECT CAST(CASE WHEN (SELECT count(*) FROM w) = 1 \
+             THEN '0' ELSE 'fencepost: a statement wrote another number of rows than the \
+             judgment named; nothing of the transaction was kept' END AS INTEGER)",
+            statement.postgres
+        )
+        .into_boxed_str(),
+    );
+    let sql: &'static Sql = Box::leak(Box::new(Sql::native(text)));
+    made.push((key, sql));
+    sql
 }

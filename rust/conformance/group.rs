@@ -1062,3 +1062,89 @@ fn a_write_that_matches_no_row_fails_its_transaction_on_postgres() {
     let (mut store, _schema) = store::testing::postgres_fresh();
     a_write_that_matches_no_row_fails_its_transaction(store.as_mut());
 }
+
+/// Where the concurrency curve's limit is, without Python: reserve + finish per unit from
+/// Rust threads through one writer, against batches of the same size on one thread. Prints
+/// units/s; run by hand (`cargo test --release -- --ignored --nocapture writer_curve`).
+#[test]
+#[ignore = "a measurement, printed: run by hand"]
+fn writer_curve() {
+    use std::sync::Arc;
+    let dir = std::env::temp_dir().join(format!("fp-curve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("c.db");
+    let mut store = store::open(
+        Some(path.to_str().expect("path")),
+        None,
+        None,
+        &store::OpenOptions::default(),
+        T0,
+    )
+    .expect("open");
+    for run in ["b16", "b256", "t1", "t4", "t16", "t64"] {
+        started(store.as_mut(), run);
+    }
+    let writer = Arc::new(crate::writer::Writer::new(
+        store,
+        crate::writer::Config::new(true, 5000, false),
+    ));
+    let total: u32 = 32_000;
+    for size in [16_u32, 256] {
+        let run = format!("b{size}");
+        let t0 = std::time::Instant::now();
+        for b in 0..total / size {
+            let units = (0..size)
+                .map(|i| unit(&format!("b{size}-{b}-{i}")))
+                .collect();
+            let rs = writer
+                .submit(reserve(&run, units, None, T0))
+                .and_then(Output::reservations)
+                .expect("reserved");
+            let finishes = rs
+                .iter()
+                .map(|r| finish(&run, &r.unit_id, r.attempt, &r.dispatch_id))
+                .collect();
+            writer
+                .submit(Op::finish(finishes, None, T0).expect("op"))
+                .expect("finished");
+        }
+        let rate = f64::from(total) / t0.elapsed().as_secs_f64();
+        println!("batches of {size}: {rate:.0} units/s");
+    }
+    let only: Option<u32> = std::env::var("FP_CURVE_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    for threads in [1_u32, 4, 16, 64] {
+        if only.is_some_and(|n| n != threads) {
+            continue;
+        }
+        let run = format!("t{threads}");
+        let t0 = std::time::Instant::now();
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let w = Arc::clone(&writer);
+                let run = run.clone();
+                std::thread::spawn(move || {
+                    for i in 0..total / threads {
+                        let r = w
+                            .submit(reserve(&run, vec![unit(&format!("{t}-{i}"))], None, T0))
+                            .and_then(Output::reservations)
+                            .expect("reserved")
+                            .remove(0);
+                        let won = w
+                            .submit(finishing(&run, &r.unit_id, r.attempt, &r.dispatch_id, None))
+                            .and_then(Output::finished)
+                            .expect("finished");
+                        assert_eq!(won, [true]);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("thread");
+        }
+        let rate = f64::from(total) / t0.elapsed().as_secs_f64();
+        println!("{threads} threads: {rate:.0} units/s, {:?}", writer.stats());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

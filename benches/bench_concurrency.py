@@ -12,6 +12,12 @@ the machine's CPU busy share and this process's share of it (the rest is Postgre
 and the kernel); the coroutine rounds add the event loop's longest stall. benches/ratios.py
 prints the curve. The rates are measured here, around the threads, so they are recorded with
 ``--benchmark-disable`` too.
+
+In the same groups, the yardsticks the curve is read against: the batch path (one thread,
+``reserve_attempts`` then ``finish_attempts`` on batches of 1, 16, 256 and 1 000 units; impl
+``fencepost batch``, ``callers`` and ``batch`` the batch size), and 1, 4 and 8 processes of 16
+threads each, every process its own Ledger on the same store and all on one run (impl
+``fencepost processes``, ``callers`` and ``procs`` the process count).
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 import fencepost as fp
 from benches.conftest import plaintext
+from benches.dispatch import cpu_ticks, dispatch_throughput
 from benches.peer_pg import ENTRYPOINT, HEARTBEAT_TIMEOUT, PAYLOAD, PgQueuePeer, pg_url
 
 CALLERS = [1, 4, 16, 64]
@@ -42,18 +49,18 @@ UNITS = {
     "postgres full": 1920,
 }
 COROUTINES = [1000, 10_000]
+# The batch path: units per reserve_attempts / finish_attempts call, one thread.
+BATCHES = [1, 16, 256, 1000]
+BATCH_STORES = ["sqlite normal", "sqlite full", "postgres normal"]
+# Processes on one run, each with its own Ledger and PROCESS_THREADS threads; units per round
+# (a multiple of 8 x 16), about a second or two.
+PROCESSES = [1, 4, 8]
+PROCESS_THREADS = 16
+PROCESS_UNITS = {"sqlite normal": 8192, "postgres normal": 3840}
 PEER_JOBS = 1920
 HUEY_TASKS = 640
 STEPS = [{"id": "s"}]
 GROUP = "concurrency {store}: reserve + finish per unit, N callers"
-
-
-def _cpu_ticks() -> tuple[int, int]:
-    """(busy, total) clock ticks of the whole machine so far, from /proc/stat."""
-    with open("/proc/stat") as stat:
-        fields = [int(f) for f in stat.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
 
 
 def _threads(n: int, work: Callable[[int], None]) -> dict[str, float]:
@@ -72,7 +79,7 @@ def _threads(n: int, work: Callable[[int], None]) -> dict[str, float]:
     threads = [threading.Thread(target=main, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
-    busy0, total0 = _cpu_ticks()
+    busy0, total0 = cpu_ticks()
     cpu0 = time.process_time()
     barrier.wait()
     t0 = time.perf_counter()
@@ -80,7 +87,7 @@ def _threads(n: int, work: Callable[[int], None]) -> dict[str, float]:
         t.join(300)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
-    busy1, total1 = _cpu_ticks()
+    busy1, total1 = cpu_ticks()
     assert not any(t.is_alive() for t in threads), "a worker hung"
     if failed:
         raise failed[0]
@@ -105,20 +112,29 @@ def _record(
 # ------------------------------------------------------------------ fencepost
 
 
+def _durability(store: str) -> Literal["normal", "full"]:
+    return "full" if store.endswith("full") else "normal"
+
+
 @contextlib.contextmanager
-def _ledger(store: str, grouped: bool, tmp_path: pathlib.Path) -> Iterator[fp.Ledger]:
-    durability = "full" if store.endswith("full") else "normal"
+def _target(store: str, tmp_path: pathlib.Path) -> Iterator[str]:
+    """What ``Ledger.open`` takes for a fresh store: a new SQLite file, or a new PostgreSQL
+    schema (plaintext), dropped afterwards."""
     if store.startswith("postgres"):
         from tests.conftest import pg_schema
 
-        with (
-            pg_schema() as url,
-            fp.Ledger.open(plaintext(url), durability=durability, group_commit=grouped) as ledger,  # type: ignore[arg-type]
-        ):
-            yield ledger
+        with pg_schema() as url:
+            yield plaintext(url)
         return
-    path = str(tmp_path / "bench.db")
-    with fp.Ledger.open(path, durability=durability, group_commit=grouped) as ledger:  # type: ignore[arg-type]
+    yield str(tmp_path / "bench.db")
+
+
+@contextlib.contextmanager
+def _ledger(store: str, grouped: bool, tmp_path: pathlib.Path) -> Iterator[fp.Ledger]:
+    with (
+        _target(store, tmp_path) as target,
+        fp.Ledger.open(target, durability=_durability(store), group_commit=grouped) as ledger,
+    ):
         yield ledger
 
 
@@ -212,6 +228,69 @@ def bench_fencepost_coroutines(
         acc = ledger.accounting(run_id)
     assert acc.total_attempts == coroutines
     _record(benchmark, store, "fencepost coroutines", coroutines, coroutines, out)
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("store", BATCH_STORES)
+def bench_fencepost_batch(benchmark: Any, store: str, batch: int, tmp_path: pathlib.Path) -> None:
+    """One thread reserving ``batch`` units in one ``reserve_attempts`` call, then finishing
+    them in one ``finish_attempts`` call, until the round's units are done: what the batch path
+    gives one caller, beside what threads and coroutines get one unit at a time."""
+    # The curve's units in whole batches, and at least eight batches.
+    units = max(UNITS[store], 8 * batch) // batch * batch
+    with _ledger(store, True, tmp_path) as ledger:
+        run_id = ledger.start_run(
+            "bench", scope_key=None, steps=STEPS, run_id=f"run-{uuid.uuid4().hex[:8]}", force=True
+        ).run_id
+
+        def work(_: int) -> None:
+            for b in range(units // batch):
+                got = ledger.reserve_attempts(
+                    run_id, [{"unit_id": f"b{b}-{k}", "step_id": "s"} for k in range(batch)]
+                )
+                won = ledger.finish_attempts(
+                    [
+                        {"run_id": run_id, "unit_id": r.unit_id, "attempt": r.attempt,
+                         "dispatch_id": r.dispatch_id, "status": "completed"}
+                        for r in got
+                    ]
+                )  # fmt: skip
+                assert len(won) == batch
+                assert all(won)
+
+        out: dict[str, Any] = {}
+        benchmark.pedantic(lambda: out.update(_threads(1, work)), rounds=1, iterations=1)
+        out.update(ledger._core.group_stats())
+        acc = ledger.accounting(run_id)
+    assert acc.total_attempts == units
+    # One writer call per batch, each way.
+    assert out["calls"] == 2 * units // batch
+    _record(benchmark, store, "fencepost batch", batch, units, out)
+    benchmark.extra_info.update(batch=batch)
+
+
+@pytest.mark.parametrize("procs", PROCESSES)
+@pytest.mark.parametrize("store", list(PROCESS_UNITS))
+def bench_fencepost_processes(
+    benchmark: Any, store: str, procs: int, tmp_path: pathlib.Path
+) -> None:
+    """``procs`` processes (spawned), each opening its own Ledger on the same SQLite file or
+    PostgreSQL schema and running 16 threads that reserve and finish their own units one at a
+    time, all on one run: the total rate from the common start to the last process's end
+    (benches/dispatch.py's dispatchers, as bench_postgres.py runs them, on both stores)."""
+    callers = procs * PROCESS_THREADS
+    per = PROCESS_UNITS[store] // callers
+    out: dict[str, Any] = {}
+    with _target(store, tmp_path) as target:
+
+        def go() -> None:
+            out.update(dispatch_throughput(target, procs, PROCESS_THREADS, per, _durability(store)))
+
+        benchmark.pedantic(go, rounds=1, iterations=1)
+    units = out.pop("units")
+    assert units == per * callers
+    _record(benchmark, store, "fencepost processes", procs, units, out)
+    benchmark.extra_info.update(procs=procs, callers_per_process=PROCESS_THREADS)
 
 
 # ------------------------------------------------------------------ pgqueuer workers
@@ -315,13 +394,13 @@ def bench_pgqueuer_workers(benchmark: Any, store: str, workers: int) -> None:
         out: dict[str, Any] = {}
 
         def go() -> None:
-            busy0, total0 = _cpu_ticks()
+            busy0, total0 = cpu_ticks()
             cpu0 = time.process_time()
             t0 = time.perf_counter()
             peer.run(jobs)
             wall = time.perf_counter() - t0
             cpu = time.process_time() - cpu0
-            busy1, total1 = _cpu_ticks()
+            busy1, total1 = cpu_ticks()
             busy_s = (busy1 - busy0) / os.sysconf("SC_CLK_TCK")
             out.update(
                 wall=wall,
@@ -343,7 +422,7 @@ def bench_pgqueuer_workers(benchmark: Any, store: str, workers: int) -> None:
 def bench_huey_consumers(benchmark: Any, sync: str, tmp_path: pathlib.Path) -> None:
     """16 threads on one huey, each enqueueing a task, then taking the next one and running
     it. ``full`` is SqliteHuey's default (synchronous FULL), ``normal`` the peer's setting."""
-    from huey import SqliteHuey
+    from huey import SqliteHuey  # type: ignore[import-untyped]  # huey ships no stubs
 
     from benches.peer_huey import open_huey
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +22,7 @@ from tests.conftest import pg_schema
 
 import fencepost as fp
 from benches.conftest import label, plaintext
+from benches.dispatch import cpu_ticks, dispatch_throughput
 from benches.peer_pg import PgQueuePeer, pg_url
 
 N = 200
@@ -141,14 +141,6 @@ def _claimer(i: int, url: str, seconds: float, start: Any, queue: Any) -> None:
     queue.put((wins, refused, busy, cpu))
 
 
-def _cpu_ticks() -> tuple[int, int]:
-    """(busy, total) clock ticks of the whole machine so far, from /proc/stat."""
-    with open("/proc/stat") as stat:
-        fields = [int(f) for f in stat.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
 def claim_throughput(url: str, procs: int, seconds: float = 2.0) -> dict[str, float]:
     """Winning claims per second, refusals and StoreBusy of `procs` processes claiming 200
     runs with 1 ms leases for `seconds`, and where the CPU went: the machine's busy share and
@@ -161,10 +153,10 @@ def claim_throughput(url: str, procs: int, seconds: float = 2.0) -> dict[str, fl
         p.start()
     start.wait()
     t0 = time.monotonic()
-    busy0, total0 = _cpu_ticks()
+    busy0, total0 = cpu_ticks()
     results = [queue.get(timeout=120) for _ in ps]
     wall = time.monotonic() - t0
-    busy1, total1 = _cpu_ticks()
+    busy1, total1 = cpu_ticks()
     for p in ps:
         p.join(60)
         assert p.exitcode == 0
@@ -220,97 +212,6 @@ def bench_pg_claim_throughput(benchmark: Any, procs: int) -> None:
 
 DISPATCH_THREADS = 16
 DISPATCH_UNITS = 60  # per thread: a fixed amount of work, ~1 s per round at 2 000 units/s
-
-
-def _dispatcher(
-    i: int,
-    url: str,
-    run_id: str,
-    threads: int,
-    per: int,
-    start: Any,
-    queue: Any,
-    durability: str = "normal",
-) -> None:
-    """One dispatcher process: ``threads`` threads on one Ledger, each reserving and finishing
-    its own units one at a time; puts its group_stats and CPU seconds on the queue."""
-    with fp.Ledger.open(url, durability=durability) as ledger:  # type: ignore[arg-type]
-        failed: list[BaseException] = []
-
-        def work(t: int) -> None:
-            try:
-                for k in range(per):
-                    unit = f"p{i}-t{t}-{k}"
-                    r = ledger.reserve_attempt(run_id, unit, step_id="s")
-                    assert ledger.finish_attempt(
-                        run_id, unit, r.attempt, r.dispatch_id, status="completed"
-                    )
-            except BaseException as e:  # reported to the bench below
-                failed.append(e)
-
-        ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-        start.wait()
-        cpu = time.process_time()
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        cpu = time.process_time() - cpu
-        stats = ledger._core.group_stats()
-    queue.put((i, repr(failed[0]) if failed else None, stats, cpu))
-
-
-def dispatch_throughput(
-    url: str, procs: int, threads: int, per: int, durability: str = "normal"
-) -> dict[str, Any]:
-    """Units/s of ``procs`` processes x ``threads`` callers reserving and finishing units in
-    one run, from the common start to the last process's end, and each process's writer
-    figures: calls per group, and the time a group spends in its transaction (which on one run
-    is the time it holds, or waits for, the run's lock)."""
-    with fp.Ledger.open(url) as ledger:
-        run_id = _run(ledger)
-    start = CTX.Barrier(procs + 1)
-    queue = CTX.Queue()
-    ps = [
-        CTX.Process(
-            target=_dispatcher, args=(i, url, run_id, threads, per, start, queue, durability)
-        )
-        for i in range(procs)
-    ]
-    for p in ps:
-        p.start()
-    start.wait()
-    t0 = time.monotonic()
-    busy0, total0 = _cpu_ticks()
-    results = sorted(queue.get(timeout=120) for _ in ps)
-    wall = time.monotonic() - t0
-    busy1, total1 = _cpu_ticks()
-    for p in ps:
-        p.join(60)
-        assert p.exitcode == 0
-    assert [r[1] for r in results] == [None] * procs, results
-    units = procs * threads * per
-    with fp.Ledger.open(url) as ledger:
-        assert ledger.accounting(run_id).total_attempts == units
-    per_proc = []
-    for _, _, stats, cpu in results:
-        groups = max(1, stats["groups"])
-        assert stats["calls"] == 2 * threads * per  # every reserve and finish went through
-        per_proc.append(
-            {
-                "mean_group": round(stats["calls"] / groups, 2),
-                "max_group": stats["max_group"],
-                "hold_us_mean": round(stats["hold_us_total"] / groups),
-                "hold_us_max": stats["hold_us_max"],
-                "cpu_s": round(cpu, 3),
-            }
-        )
-    return {
-        "wall": wall,
-        "units": units,
-        "cpu_busy": round((busy1 - busy0) / max(1, total1 - total0), 3),
-        "per_process": per_proc,
-    }
 
 
 @pytest.mark.parametrize("procs", [1, 4])
@@ -396,7 +297,7 @@ def bench_pg_claim_next(benchmark: Any, procs: int) -> None:
     )
     with pg_schema() as schema_url:
         url = plaintext(schema_url)
-        definition = {"steps": []}
+        definition: dict[str, Any] = {"steps": []}
         with fp.Ledger.open(url) as ledger:
             for r in range(QUEUED):
                 ledger.reserve_run(

@@ -26,8 +26,8 @@ from tests.conftest import pg_connect, pg_schema
 from tests.wakeups import wake_latencies
 
 import fencepost as fp
-from benches.bench_postgres import dispatch_throughput
 from benches.conftest import label, plaintext
+from benches.dispatch import dispatch_throughput
 
 CTX = multiprocessing.get_context("spawn")
 WRITES = 150
@@ -167,7 +167,7 @@ def bench_pg_writers_beside_listeners(benchmark: Any, durability: str, listeners
     out: dict[str, Any] = {}
     with pg_schema() as schema_url:
         url = plaintext(schema_url)
-        stop, woke = threading.Event(), []
+        stop, woke = threading.Event(), list[int]()
         waiting = _listeners(url, listeners, stop, woke) if listeners else None
         time.sleep(0.5)
 

@@ -123,7 +123,9 @@ def concurrency(rows: list[dict[str, Any]]) -> None:
     """The concurrency curve (benches/bench_concurrency.py): units/s per caller count for each
     store and implementation, then the ratios the targets are stated in: grouped over
     ungrouped at the same count, grouped over its own single caller, and fencepost grouped over
-    the peer at the same count (huey is measured at 16 only)."""
+    the peer at the same count (huey is measured at 16 only); then, where the run has them, the
+    curve against its yardsticks: the batch path (one thread, ``callers`` the batch size) and
+    processes on one run (``callers`` the process count, 16 threads each)."""
     if not rows:
         return
     rate: dict[tuple[str, str, int], float] = {}
@@ -137,7 +139,10 @@ def concurrency(rows: list[dict[str, Any]]) -> None:
     counts = sorted({c for _, _, c in rate})
     head = " | ".join(f"{c}" for c in counts)
     print()
-    print("Units/s (reserve + finish per unit, one round each) by callers:")
+    print(
+        "Units/s (reserve + finish per unit, one round each) by callers (for fencepost batch: "
+        "units per call, one thread; for fencepost processes: processes of 16 threads):"
+    )
     print()
     print(f"| store | impl | {head} |")
     print("|---|---|" + "--:|" * len(counts))
@@ -174,6 +179,24 @@ def concurrency(rows: list[dict[str, Any]]) -> None:
                 f"| {store} | {c} | {ratio(g, (store, 'fencepost ungrouped', c))} "
                 f"| {ratio(g, (store, 'fencepost grouped', 1))} | {vs_peer} |"
             )
+
+    # (heading, numerator, denominator) as (impl, callers); "threads" are the grouped ones.
+    yardsticks = [
+        ("threads 16 / batch 16", ("fencepost grouped", 16), ("fencepost batch", 16)),
+        ("coroutines 1000 / batch 256", ("fencepost coroutines", 1000), ("fencepost batch", 256)),
+        ("threads 16 / threads 1", ("fencepost grouped", 16), ("fencepost grouped", 1)),
+        ("processes 4 / processes 1", ("fencepost processes", 4), ("fencepost processes", 1)),
+    ]
+    lines = []
+    for store in sorted({s for s, _, _ in rate}):
+        got = [ratio((store, *a), (store, *b)) for _, a, b in yardsticks]
+        if any(got):
+            lines.append(f"| {store} | " + " | ".join(got) + " |")
+    if lines:
+        print()
+        print("| store | " + " | ".join(h for h, _, _ in yardsticks) + " |")
+        print("|---|" + "--:|" * len(yardsticks))
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import pytest
 
 import fencepost as fp
 from benches.conftest import plaintext
-from benches.dispatch import cpu_ticks, dispatch_throughput
+from benches.dispatch import batch_round, cpu_ticks, dispatch_throughput
 from benches.peer_pg import ENTRYPOINT, HEARTBEAT_TIMEOUT, PAYLOAD, PgQueuePeer, pg_url
 
 CALLERS = [1, 4, 16, 64]
@@ -245,16 +245,7 @@ def bench_fencepost_batch(benchmark: Any, store: str, batch: int, tmp_path: path
 
         def work(_: int) -> None:
             for b in range(units // batch):
-                got = ledger.reserve_attempts(
-                    run_id, [{"unit_id": f"b{b}-{k}", "step_id": "s"} for k in range(batch)]
-                )
-                won = ledger.finish_attempts(
-                    [
-                        {"run_id": run_id, "unit_id": r.unit_id, "attempt": r.attempt,
-                         "dispatch_id": r.dispatch_id, "status": "completed"}
-                        for r in got
-                    ]
-                )  # fmt: skip
+                won = batch_round(ledger, run_id, [f"b{b}-{k}" for k in range(batch)])
                 assert len(won) == batch
                 assert all(won)
 

@@ -22,7 +22,7 @@ from tests.conftest import pg_schema
 
 import fencepost as fp
 from benches.conftest import label, plaintext
-from benches.dispatch import cpu_ticks, dispatch_throughput
+from benches.dispatch import batch_round, cpu_ticks, dispatch_throughput
 from benches.peer_pg import PgQueuePeer, pg_url
 
 N = 200
@@ -93,17 +93,7 @@ def bench_pg_batch_fencepost(benchmark: Any, ledger: fp.Ledger, durability: str)
     label(benchmark, f"postgres {durability}: per unit/job, batches of {BATCH}", "fencepost", BATCH)
 
     def go(run_id: str) -> None:
-        got = ledger.reserve_attempts(
-            run_id, [{"unit_id": f"u{i}", "step_id": "s"} for i in range(BATCH)]
-        )
-        done = ledger.finish_attempts(
-            [
-                {"run_id": run_id, "unit_id": r.unit_id, "attempt": r.attempt,
-                 "dispatch_id": r.dispatch_id, "status": "completed"}
-                for r in got
-            ]
-        )  # fmt: skip
-        assert all(done)
+        assert all(batch_round(ledger, run_id, [f"u{i}" for i in range(BATCH)]))
 
     benchmark.pedantic(go, setup=lambda: ((_run(ledger),), {}), rounds=ROUNDS)
 

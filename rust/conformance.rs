@@ -55,6 +55,7 @@ conformance!(
     a_queued_run_without_a_lease_row_is_claimed,
 );
 
+mod curve;
 mod group;
 mod next;
 pub(crate) mod plans;

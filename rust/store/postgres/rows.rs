@@ -1,8 +1,9 @@
 //! The judged write path's reads and writes on PostgreSQL, where every statement is a round
 //! trip: a part of the snapshot with more than one key is read by one set statement over a
-//! JSON array of the keys, and each kind of row is written by one set statement over a JSON
-//! array of the rows (see `sql`), so a judgment costs the same few round trips whatever its
-//! size. The writes check their own counts and need no answer: they go out with the commit.
+//! JSON array of the keys, and a kind with more than one row is written by one set statement
+//! over a JSON array of the rows (see `sql`; one row goes by its one-row statements), so a
+//! judgment costs the same few round trips whatever its size. The writes check their own
+//! counts and need no answer: they go out with the commit.
 
 use crate::canonical::{into_text, to_vec, Value};
 use crate::params;

@@ -49,6 +49,8 @@ UNITS = {
     "postgres full": 1920,
 }
 COROUTINES = [1000, 10_000]
+# Concurrent jobs per worker in the workers-with-coroutines comparison with pgqueuer.
+WORKER_COROUTINES = 10
 # The batch path: units per reserve_attempts / finish_attempts call, one thread.
 BATCHES = [1, 16, 256, 1000]
 BATCH_STORES = ["sqlite normal", "sqlite full", "postgres normal"]
@@ -284,6 +286,50 @@ def bench_fencepost_processes(
     benchmark.extra_info.update(procs=procs, callers_per_process=PROCESS_THREADS)
 
 
+@pytest.mark.parametrize("workers", PEER_WORKERS)
+def bench_fencepost_worker_coroutines(benchmark: Any, workers: int) -> None:
+    """``workers`` Ledgers on one event loop (each its own connection, as each pgqueuer
+    worker has), each with ``WORKER_COROUTINES`` coroutines on its AsyncLedger reserving and
+    finishing one unit at a time: the shape of pgqueuer's workers with ``batch_size`` jobs in
+    flight. PostgreSQL, normal durability."""
+    from tests.conftest import pg_schema
+
+    from fencepost.aio import AsyncLedger
+
+    store = "postgres normal"
+    coroutines = workers * WORKER_COROUTINES
+    units = PEER_JOBS // coroutines * coroutines
+    with contextlib.ExitStack() as stack:
+        url = plaintext(stack.enter_context(pg_schema()))
+        ledgers = [stack.enter_context(fp.Ledger.open(url)) for _ in range(workers)]
+        run_id = (
+            ledgers[0]
+            .start_run("bench", scope_key=None, steps=STEPS, run_id="run-w", force=True)
+            .run_id
+        )
+        aledgers = [AsyncLedger(ledger) for ledger in ledgers]
+
+        async def one(a: AsyncLedger, c: int) -> None:
+            for i in range(units // coroutines):
+                res = await a.reserve_attempt(run_id, f"c{c}-{i}", step_id="s")
+                won = await a.finish_attempt(
+                    run_id, res.unit_id, res.attempt, res.dispatch_id, status="completed"
+                )
+                assert won
+
+        async def main() -> None:
+            await asyncio.gather(*(one(aledgers[c % workers], c) for c in range(coroutines)))
+
+        out: dict[str, Any] = {}
+
+        def go() -> None:
+            out.update(_threads(1, lambda _: asyncio.run(main())))
+
+        benchmark.pedantic(go, rounds=1, iterations=1)
+        assert ledgers[0].accounting(run_id).total_attempts == units
+    _record(benchmark, store, "fencepost worker coroutines", workers, units, out)
+
+
 # ------------------------------------------------------------------ pgqueuer workers
 
 
@@ -335,31 +381,32 @@ class _PgWorkers:
         }
         self.manager_ids = [QueueManagerId(uuid.uuid4()) for _ in range(workers)]
 
-    async def _work(self, w: int, jobs: int) -> None:
+    async def _work(self, w: int, jobs: int, batch: int) -> None:
         _, queries = self.workers[w]
-        for _ in range(jobs):
-            await queries.enqueue(ENTRYPOINT, PAYLOAD)
+        for _ in range(jobs // batch):
+            await queries.enqueue([ENTRYPOINT] * batch, [PAYLOAD] * batch, [0] * batch)
             picked: list[Any] = []
-            # Another worker may have taken this worker's job; there is then another for it.
+            # Another worker may have taken this worker's jobs; there are then others for it.
             for _spin in range(1000):
-                picked = await queries.dequeue(
-                    batch_size=1,
+                picked += await queries.dequeue(
+                    batch_size=batch - len(picked),
                     entrypoints=self.entrypoints,
                     queue_manager_id=self.manager_ids[w],
                     global_concurrency_limit=None,
                     heartbeat_timeout=HEARTBEAT_TIMEOUT,
                 )
-                if picked:
+                if len(picked) == batch:
                     break
-            assert len(picked) == 1
-            await queries.log_jobs([(picked[0], "successful", None)])
+            assert len(picked) == batch
+            await queries.log_jobs([(job, "successful", None) for job in picked])
 
-    def run(self, jobs: int) -> None:
-        """``jobs`` jobs split over the workers, each one at a time: enqueue, dequeue, complete."""
+    def run(self, jobs: int, batch: int = 1) -> None:
+        """``jobs`` jobs split over the workers, each taking ``batch`` at a time: enqueue them,
+        dequeue as many (``batch_size``), complete them together."""
         per = jobs // len(self.workers)
 
         async def all_workers() -> None:
-            await asyncio.gather(*(self._work(w, per) for w in range(len(self.workers))))
+            await asyncio.gather(*(self._work(w, per, batch) for w in range(len(self.workers))))
 
         self.loop.run_until_complete(all_workers())
 
@@ -371,24 +418,27 @@ class _PgWorkers:
 
 
 @pytest.mark.parametrize(
-    ("store", "workers"),
-    [("postgres normal", w) for w in PEER_WORKERS] + [("postgres full", 16)],
+    ("store", "workers", "batch"),
+    [("postgres normal", w, b) for b in (1, WORKER_COROUTINES) for w in PEER_WORKERS]
+    + [("postgres full", 16, 1)],
 )
-def bench_pgqueuer_workers(benchmark: Any, store: str, workers: int) -> None:
+def bench_pgqueuer_workers(benchmark: Any, store: str, workers: int, batch: int) -> None:
     """``normal`` is ``synchronous_commit=off``, as fencepost's normal durability; ``full``
-    waits for the WAL flush, as fencepost's full."""
+    waits for the WAL flush, as fencepost's full. ``batched``: each worker enqueues, dequeues
+    (``batch_size``) and completes ``WORKER_COROUTINES`` jobs at a time, as a worker with that
+    many concurrent jobs does (the shape `bench_fencepost_worker_coroutines` meets)."""
     schema = f"fpb_peer_{uuid.uuid4().hex[:12]}"
     full = store.endswith("full")
     peer = _PgWorkers(pg_url(), schema, workers, synchronous_commit=full)
     try:
-        jobs = PEER_JOBS // workers * workers
+        jobs = PEER_JOBS // (workers * batch) * workers * batch
         out: dict[str, Any] = {}
 
         def go() -> None:
             busy0, total0 = cpu_ticks()
             cpu0 = time.process_time()
             t0 = time.perf_counter()
-            peer.run(jobs)
+            peer.run(jobs, batch)
             wall = time.perf_counter() - t0
             cpu = time.process_time() - cpu0
             busy1, total1 = cpu_ticks()
@@ -403,7 +453,8 @@ def bench_pgqueuer_workers(benchmark: Any, store: str, workers: int) -> None:
         assert peer.peer.completed() == jobs
     finally:
         peer.close()
-    _record(benchmark, store, "pgqueuer", workers, jobs, out)
+    impl = "pgqueuer" if batch == 1 else f"pgqueuer batch_size={batch}"
+    _record(benchmark, store, impl, workers, jobs, out)
 
 
 # ------------------------------------------------------------------ huey consumers

@@ -187,6 +187,12 @@ def concurrency(rows: list[dict[str, Any]]) -> None:
         ("threads 16 / threads 1", ("fencepost grouped", 16), ("fencepost grouped", 1)),
         ("processes 4 / processes 1", ("fencepost processes", 4), ("fencepost processes", 1)),
     ]
+    # Workers with 10 jobs in flight each: fencepost's coroutines against pgqueuer's batches.
+    peer = "pgqueuer batch_size=10"
+    yardsticks += [
+        (f"{w} workers: coroutines / {peer}", ("fencepost worker coroutines", w), (peer, w))
+        for w in (1, 4, 16)
+    ]
     lines = []
     for store in sorted({s for s, _, _ in rate}):
         got = [ratio((store, *a), (store, *b)) for _, a, b in yardsticks]

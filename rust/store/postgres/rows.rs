@@ -203,48 +203,59 @@ fn queue(tx: &dyn Tx, statement: &Sql, rows: Vec<Value>) -> DbResult<()> {
 /// JSON row costs more to run than the plain statements it stands for: measured, a lone
 /// reserve + finish took ~35% longer), a kind with more by its set statement.
 pub(super) fn write(tx: &dyn Tx, writes: &Writes<'_>) -> DbResult<()> {
-    let check = Check::InStatement(checked);
-    if writes.claims.len() == 1 {
-        rows::write_claims(tx, check, &writes.claims)?;
-    } else {
-        let json = writes.claims.iter().enumerate().map(|(i, c)| claim(i, c));
-        queue(tx, &sql::CLAIM_GROUP, json.collect())?;
+    let w = writes;
+    kind(
+        tx,
+        &w.claims,
+        |c| rows::write_claims(tx, c, &w.claims),
+        &sql::CLAIM_GROUP,
+        claim,
+    )?;
+    kind(
+        tx,
+        &w.heartbeats,
+        |c| rows::write_heartbeats(tx, c, &w.heartbeats),
+        &sql::HEARTBEAT_GROUP,
+        |_, h| heartbeat(h),
+    )?;
+    kind(
+        tx,
+        &w.finishes,
+        |c| rows::write_finishes(tx, c, &w.finishes),
+        &sql::FINISH_GROUP,
+        finish,
+    )?;
+    kind(
+        tx,
+        &w.reserves,
+        |c| rows::write_reserves(tx, c, &w.reserves),
+        &sql::RESERVE_GROUP,
+        reserve,
+    )?;
+    kind(
+        tx,
+        &w.reclaims,
+        |c| rows::write_reclaims(tx, c, &w.reclaims),
+        &sql::RECLAIM_GROUP,
+        |_, r| reclaim(r),
+    )
+}
+
+/// One kind of row: a single row by its one-row statements (`one`, given how to check its
+/// count), several by the set statement `set` over their JSON (`encode` gets each row's place
+/// in it).
+fn kind<R>(
+    tx: &dyn Tx,
+    rows: &[R],
+    one: impl FnOnce(Check) -> DbResult<()>,
+    set: &Sql,
+    encode: impl Fn(usize, &R) -> Value,
+) -> DbResult<()> {
+    if rows.len() == 1 {
+        return one(Check::InStatement(checked));
     }
-    if writes.heartbeats.len() == 1 {
-        rows::write_heartbeats(tx, check, &writes.heartbeats)?;
-    } else {
-        let json = writes.heartbeats.iter().map(heartbeat);
-        queue(tx, &sql::HEARTBEAT_GROUP, json.collect())?;
-    }
-    if writes.finishes.len() == 1 {
-        rows::write_finishes(tx, check, &writes.finishes)?;
-    } else {
-        let json = writes
-            .finishes
-            .iter()
-            .enumerate()
-            .map(|(i, f)| finish(i, f));
-        queue(tx, &sql::FINISH_GROUP, json.collect())?;
-    }
-    if writes.reserves.len() == 1 {
-        rows::write_reserves(tx, check, &writes.reserves)?;
-    } else {
-        let json = writes
-            .reserves
-            .iter()
-            .enumerate()
-            .map(|(i, r)| reserve(i, r));
-        queue(tx, &sql::RESERVE_GROUP, json.collect())?;
-    }
-    if writes.reclaims.len() == 1 {
-        rows::write_reclaims(tx, check, &writes.reclaims)
-    } else {
-        queue(
-            tx,
-            &sql::RECLAIM_GROUP,
-            writes.reclaims.iter().map(reclaim).collect(),
-        )
-    }
+    let json = rows.iter().enumerate().map(|(i, r)| encode(i, r));
+    queue(tx, set, json.collect())
 }
 
 /// `statement` (an UPDATE or INSERT of one row) wrapped so that it fails the transaction when

@@ -239,8 +239,18 @@ pub fn read(tx: &dyn Tx, run_id: &str) -> Result<Lease> {
     Ok(lease.unwrap_or_else(|| unclaimed(run_id)))
 }
 
+/// The lease `found` for `run_id` (the caller holds the run's lock), or, for a run without a
+/// lease row, the row made now: generation 0, no owner, what a read of it would return.
+pub(crate) fn or_created(tx: &dyn Tx, run_id: &str, found: Option<Lease>) -> Result<Lease> {
+    if let Some(lease) = found {
+        return Ok(lease);
+    }
+    tx.exec_later(&sql::CREATE_LEASE_SQL, params![run_id])?;
+    Ok(unclaimed(run_id))
+}
+
 /// The lease of a run never claimed: generation 0, no owner.
-pub(crate) fn unclaimed(run_id: &str) -> Lease {
+fn unclaimed(run_id: &str) -> Lease {
     Lease {
         run_id: run_id.to_owned(),
         generation: 0,
@@ -413,12 +423,7 @@ pub(crate) fn claim_in(
     let found = tx.row(&sql::LEASE_SQL, params![run_id], |r| {
         lease_from_row(run_id, r)
     })?;
-    let current = if let Some(lease) = found {
-        lease
-    } else {
-        tx.exec_later(&sql::CREATE_LEASE_SQL, params![run_id])?;
-        read(tx, run_id)?
-    };
+    let current = or_created(tx, run_id, found)?;
     let Some(decided) = decide(&current, status, spec, now_ms)? else {
         return Ok(None);
     };

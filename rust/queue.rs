@@ -393,12 +393,7 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
             // and written with the others at the end. A queued run without a lease row gets
             // one, never claimed.
             tx.mark_run_locked(&run_id)?;
-            let lease = if let Some(lease) = lease {
-                lease
-            } else {
-                tx.exec_later(&sql::CREATE_LEASE_SQL, params![run_id])?;
-                leases::unclaimed(&run_id)
-            };
+            let lease = leases::or_created(tx, &run_id, lease)?;
             decided.extend(leases::decide(&lease, RunStatus::Queued, spec, now_ms)?);
         }
         let writes = Writes {

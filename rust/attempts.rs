@@ -55,7 +55,6 @@ pub(crate) fn reserve_in(
     fence: Option<&Fence>,
     now_ms: i64,
 ) -> Result<Vec<Reservation>> {
-    tx.lock_run(run_id)?;
     let mut keys = Keys::default();
     keys.reserve(run_id, units);
     let mut judgment = Judgment::read(tx, keys)?;
@@ -100,20 +99,14 @@ pub fn finish_attempts(
     })
 }
 
-/// The body of [`finish_attempts`] inside the caller's transaction: a judgment of one call.
-/// The runs are locked in sorted order, so two batches over the same runs cannot deadlock.
+/// The body of [`finish_attempts`] inside the caller's transaction: a judgment of one call
+/// (which locks its runs in sorted order, so two batches over the same runs cannot deadlock).
 pub(crate) fn finish_in(
     tx: &dyn Tx,
     finishes: &[FinishSpec],
     fence: Option<&Fence>,
     now_ms: i64,
 ) -> Result<Vec<bool>> {
-    let mut runs: Vec<&str> = finishes.iter().map(|f| f.run_id.as_str()).collect();
-    runs.sort_unstable();
-    runs.dedup();
-    for run in runs {
-        tx.lock_run(run)?;
-    }
     let mut keys = Keys::default();
     keys.finish(finishes, fence.is_some());
     let mut judgment = Judgment::read(tx, keys)?;

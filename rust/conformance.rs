@@ -61,6 +61,8 @@ mod next;
 pub(crate) mod plans;
 mod reads;
 mod retention;
+#[cfg(feature = "postgres")]
+mod stale;
 use group::{a_failing_call_keeps_its_neighbours, group_matches_one_by_one};
 use next::{a_queued_run_without_a_lease_row_is_claimed, claim_next_writes_what_claims_write};
 

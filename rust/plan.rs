@@ -13,8 +13,13 @@
 //! would change the work) gets its error and leaves neither rows nor changes behind: each call
 //! is judged whole before anything of it is kept.
 //!
-//! The caller holds the locks of every run the calls name, from before the read to the
-//! commit, so the snapshot stays true until the rows are written.
+//! The judgment takes the lock of every run its calls name through
+//! [`Tx::lock_run_at_write`]: on SQLite (one writer) and on a retry that is the run's lock
+//! from before the read to the commit, so the snapshot stays true until the rows are written.
+//! PostgreSQL's first try takes the locks only with the rows, and the write checks first that
+//! every run is still as read ([`RunRead`]), so a run's lock is held for the write alone and
+//! not across the read's round trip and the judging. A run that changed in between fails the
+//! try, and the store judges again under the locks.
 
 use std::collections::HashMap;
 
@@ -27,8 +32,8 @@ use crate::leases::{self, Fence, FenceRow};
 use crate::model::{Claim, Reservation, ReservationKind};
 use crate::status::{AttemptStatus, RunState};
 use crate::store::rows::{
-    AttemptRef, FinishRow, HeartbeatRow, Part, ReclaimRow, ReserveRow, SnapshotKeys, Stamp,
-    UnitRef, Writes,
+    AttemptRef, FinishRow, HeartbeatRow, Part, ReclaimRow, ReserveRow, RunRead, SnapshotKeys,
+    Stamp, UnitRef, Writes,
 };
 use crate::store::{DbResult, Row, Tx};
 
@@ -46,15 +51,21 @@ struct Snapshot {
     running: HashMap<AttemptKey, RunningAttempt>,
 }
 
-/// The keys a set of calls needs read; add each call, then [`Judgment::read`].
+/// The keys a set of calls needs read, and the runs whose locks they need; add each call,
+/// then [`Judgment::read`].
 #[derive(Default)]
-pub(crate) struct Keys<'a>(SnapshotKeys<'a>);
+pub(crate) struct Keys<'a> {
+    keys: SnapshotKeys<'a>,
+    /// Every run a call names (a finish without a fence reads no run, but writes to it).
+    locks: Vec<&'a str>,
+}
 
 impl<'a> Keys<'a> {
     /// A reservation of `units` on `run_id`: the run and each unit's latest attempt.
     pub(crate) fn reserve(&mut self, run_id: &'a str, units: &'a [UnitSpec]) {
-        self.0.runs.push(run_id);
-        self.0.units.extend(units.iter().map(|u| UnitRef {
+        self.locks.push(run_id);
+        self.keys.runs.push(run_id);
+        self.keys.units.extend(units.iter().map(|u| UnitRef {
             run_id,
             unit_id: &u.unit_id,
         }));
@@ -63,10 +74,11 @@ impl<'a> Keys<'a> {
     /// Finishes: the attempts they name, and their runs' leases when fenced.
     pub(crate) fn finish(&mut self, finishes: &'a [FinishSpec], fenced: bool) {
         for f in finishes {
+            self.locks.push(&f.run_id);
             if fenced {
-                self.0.runs.push(&f.run_id);
+                self.keys.runs.push(&f.run_id);
             }
-            self.0.attempts.push(AttemptRef {
+            self.keys.attempts.push(AttemptRef {
                 run_id: &f.run_id,
                 unit_id: &f.unit_id,
                 attempt: f.attempt,
@@ -77,7 +89,8 @@ impl<'a> Keys<'a> {
 
     /// A heartbeat: its run's lease.
     pub(crate) fn heartbeat(&mut self, fence: &'a Fence) {
-        self.0.runs.push(&fence.run_id);
+        self.locks.push(&fence.run_id);
+        self.keys.runs.push(&fence.run_id);
     }
 }
 
@@ -90,9 +103,18 @@ pub(crate) struct Judgment<'a> {
 }
 
 impl<'a> Judgment<'a> {
-    /// Read what the calls of `keys` need (their runs' locks held).
+    /// Lock the runs of `keys` (in sorted order, so two judgments cannot deadlock; see
+    /// [`Tx::lock_run_at_write`] for when) and read what their calls need.
     pub(crate) fn read(tx: &dyn Tx, keys: Keys<'a>) -> Result<Self> {
-        let mut keys = keys.0;
+        let Keys {
+            mut keys,
+            mut locks,
+        } = keys;
+        locks.sort_unstable();
+        locks.dedup();
+        for run in locks {
+            tx.lock_run_at_write(run)?;
+        }
         keys.settle();
         let mut snapshot = Snapshot::default();
         let mut each = |part: Part, r: &dyn Row| -> DbResult<()> {
@@ -138,12 +160,30 @@ impl<'a> Judgment<'a> {
         })
     }
 
-    /// Write the rows of every accepted call.
+    /// Write the rows of every accepted call, with the runs as they were read (for a write
+    /// that checks them first; see [`Tx::lock_run_at_write`]).
     pub(crate) fn write(self, tx: &dyn Tx) -> Result<()> {
-        if self.writes.is_empty() {
+        let Self {
+            snapshot, writes, ..
+        } = self;
+        if writes.is_empty() {
             return Ok(());
         }
-        tx.write_rows(&self.writes).map_err(|e| tx.fail(&e))
+        let mut writes: Writes<'_> = writes;
+        writes.read = snapshot
+            .runs
+            .iter()
+            .map(|(run_id, r)| RunRead {
+                run_id,
+                status: r.state.status.as_str(),
+                current_step_id: r.state.current_step_id.as_deref(),
+                generation: r.lease.as_ref().map(|l| l.generation),
+                token_hash: r.lease.as_ref().and_then(|l| l.token_hash.as_deref()),
+                owner_type: r.lease.as_ref().and_then(|l| l.owner_type.as_deref()),
+                owner_id: r.lease.as_ref().and_then(|l| l.owner_id.as_deref()),
+            })
+            .collect();
+        tx.write_rows(&writes).map_err(|e| tx.fail(&e))
     }
 
     /// The fence check of a call on `run_id`, against the snapshot's lease.
@@ -289,6 +329,7 @@ impl<'a> Judgment<'a> {
                         run_id,
                         unit_id: &u.unit_id,
                         attempt: l.attempt,
+                        reclaims: l.reclaims,
                         times: 1,
                         holder: u.holder.as_deref(),
                         generation: actor.generation,

@@ -985,6 +985,7 @@ fn a_write_that_matches_no_row_fails_its_transaction(store: &mut dyn Store) {
         run_id: "r1",
         unit_id: "u1",
         attempt: 1,
+        reclaims: 0,
         times: 1,
         holder: Some("h"),
         generation: None,

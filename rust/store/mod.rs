@@ -415,6 +415,16 @@ pub trait Tx {
     /// here, so writes on one run are serialized and writes on different runs never wait for
     /// each other. SQLite's IMMEDIATE transaction already holds the one write lock: a no-op.
     fn lock_run(&self, run_id: &str) -> Result<()>;
+    /// Take the run's lock for a judgment (`crate::plan`) whose only writes are the rows it
+    /// hands to [`Tx::write_rows`], which then get the runs as read ([`rows::RunRead`]). By
+    /// default this is [`Tx::lock_run`]: the lock is held from before the read to the commit.
+    /// PostgreSQL, on a transaction's first try, takes it with those writes instead, checking
+    /// in the same round trip that every run is as read and every row still as judged: a run's
+    /// lock is then held for the write alone, and a write that finds a change fails the try,
+    /// which runs again with the locks taken here.
+    fn lock_run_at_write(&self, run_id: &str) -> Result<()> {
+        self.lock_run(run_id)
+    }
     /// Record the run's row lock as held: a statement of this transaction already took it (a
     /// `FOR UPDATE` read), so [`Tx::lock_run`] need not send another. Whatever else the first
     /// lock of a transaction brings with it is still done. A no-op on SQLite.

@@ -117,6 +117,9 @@ pub struct ReclaimRow<'a> {
     pub run_id: &'a str,
     pub unit_id: &'a str,
     pub attempt: i64,
+    /// The attempt's reclaims as the judgment read them: the write changes the row only if
+    /// they are still that many, so a reclaim answered from a stale read is never kept.
+    pub reclaims: i64,
     pub times: i64,
     pub holder: Option<&'a str>,
     pub generation: Option<i64>,
@@ -169,11 +172,29 @@ pub struct ClaimRow<'a> {
     pub stamp: Stamp,
 }
 
+/// A run as the judgment read it: what it judged the calls on. A store that writes a
+/// judgment's rows without having held the run's lock since the read compares these first
+/// (see `Tx::lock_run_at_write`); the lease's expiry is left out, as only a claim or a release
+/// can end a lease before it, and each changes the owner or the generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRead<'a> {
+    pub run_id: &'a str,
+    pub status: &'static str,
+    pub current_step_id: Option<&'a str>,
+    /// `None`: the run had no lease row.
+    pub generation: Option<i64>,
+    pub token_hash: Option<&'a str>,
+    pub owner_type: Option<&'a str>,
+    pub owner_id: Option<&'a str>,
+}
+
 /// Everything one judgment writes, in the order it is written: claims, heartbeats, finishes, new
 /// attempts, reclaims (a reclaim may name an attempt started in the same judgment). Within a
 /// kind, rows keep the order they were judged in, which is the order their events take.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Writes<'a> {
+    /// The runs the rows were judged on, as read (not rows to write).
+    pub read: Vec<RunRead<'a>>,
     pub claims: Vec<ClaimRow<'a>>,
     pub heartbeats: Vec<HeartbeatRow<'a>>,
     pub finishes: Vec<FinishRow<'a>>,
@@ -471,7 +492,8 @@ pub fn write_reclaims<T: Tx + ?Sized>(
                 r.holder,
                 r.generation,
                 r.trace_context,
-                r.times
+                r.times,
+                r.reclaims
             ],
         )?;
         // Changes nothing when the holder stays (see the statement): no count to check.

@@ -341,12 +341,15 @@ pub const SNAPSHOT_RUNNING_SQL: Sql = Sql::same(
 /// counts ?7 more reclaims (a judgment folds the reclaims of one attempt into one row). A
 /// reclaim under a claim records the reclaimer's generation (the claim's epoch): the dispatch
 /// id stays, and the attempt says which owner handed it out last. Guarded on `running`: the
-/// judge reclaimed a running attempt, so any other is a miscount.
+/// judge reclaimed a running attempt, so any other is a miscount. And on the count as read
+/// (?8): a write made without the run's lock (PostgreSQL's first try) must not add to a count
+/// another writer changed meanwhile, since the caller is answered the count the judge saw.
 pub const RECLAIM_ATTEMPT_SQL: Sql = Sql::same(
     "UPDATE attempts SET reclaims = reclaims + ?7,
     holder = coalesce(?4, holder), lease_generation = coalesce(?5, lease_generation),
     trace_context = coalesce(?6, trace_context)
-    WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3 AND status = 'running'",
+    WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3 AND status = 'running'
+      AND reclaims = ?8",
 );
 /// Only when the holder changes: SQLite rewrites a row's page even when an UPDATE leaves every
 /// value as it was, and that page is one more WAL frame for the commit.

@@ -6,6 +6,7 @@
 //! ```text
 //! BEGIN
 //!   lock every run any call locks, sorted      -- one order for every group: no deadlock
+//!                                                 (unless every call is judged: see below)
 //!   SAVEPOINT fp_call; <call 1>; RELEASE fp_call                  -- call 1 succeeded
 //!   SAVEPOINT fp_call; <call 2>; ROLLBACK TO fp_call; RELEASE fp_call  -- call 2 refused
 //!   ...
@@ -22,7 +23,8 @@
 //!
 //! Before any savepoint, the group answers its reservations, finishes and heartbeats together
 //! (see `crate::plan`): one read for the whole group, each call judged in memory, one write of
-//! all their rows. A refused call among them leaves nothing behind and needs no savepoint.
+//! all their rows. A refused call among them leaves nothing behind and needs no savepoint. A
+//! group of these calls only is that one judgment, and locks its runs as a lone call does.
 //! Only the other kinds of call (claims, status moves, step completions) take the savepoint
 //! path, after it.
 //!
@@ -61,7 +63,14 @@ pub fn run_group(store: &mut dyn Store, ops: &[&Op]) -> (Vec<Result<Output>>, Ou
         // A group of one is exactly the call alone: no savepoint, no extra lock.
         return (vec![store.write(op.label(), |tx| op.apply(tx))], arrival);
     }
-    let mut runs: Vec<&str> = ops.iter().flat_map(|op| op.runs()).collect();
+    // A group of reservations, finishes and heartbeats only is one judgment, which locks its
+    // runs itself (on PostgreSQL's first try, with its writes). Any other call needs its
+    // run's lock before its savepoint, so then every run is locked first, in one order.
+    let mut runs: Vec<&str> = if ops.iter().all(|op| op.judged()) {
+        Vec::new()
+    } else {
+        ops.iter().flat_map(|op| op.runs()).collect()
+    };
     runs.sort_unstable();
     runs.dedup();
     let mut outs: Vec<Result<Output>> = Vec::with_capacity(ops.len());
@@ -129,6 +138,7 @@ fn judge(tx: &dyn Tx, ops: &[&Op], order: &mut Vec<usize>) -> Result<Vec<Option<
         Op::Reserve { .. } => Some(2),
         _ => None,
     };
+    debug_assert!(ops.iter().all(|op| rank(op).is_some() == op.judged()));
     let mut plan: Vec<(u8, usize)> = ops
         .iter()
         .enumerate()

@@ -221,6 +221,15 @@ impl Op {
         }
     }
 
+    /// Whether a group judges the call with the others of its kinds (`crate::plan`), rather
+    /// than under a savepoint of its own.
+    pub fn judged(&self) -> bool {
+        matches!(
+            self,
+            Self::Reserve { .. } | Self::Finish { .. } | Self::Heartbeat { .. }
+        )
+    }
+
     /// How much of a group the call fills: its units or finishes, at least 1.
     pub fn weight(&self) -> usize {
         match self {

@@ -250,11 +250,14 @@ impl PgStore {
 
     /// One run of a transaction. `BEGIN` is not sent on its own: it is queued, and goes out
     /// with the body's first statement (a body that sends nothing costs no round trip at all).
+    /// `optimistic`: a judgment locks its runs with its writes (see
+    /// [`crate::store::Tx::lock_run_at_write`]).
     fn run_once(
         &mut self,
         op: &str,
         begin: &'static str,
         commit: bool,
+        optimistic: bool,
         body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
     ) -> std::result::Result<(), Failure> {
         self.transactions += 1;
@@ -277,7 +280,8 @@ impl PgStore {
             op,
             begin,
             replan,
-        );
+        )
+        .optimistic(optimistic);
         let out = body(&tx);
         let out = tx.end(out, commit);
         let (retry, lost) = (tx.retry(), tx.lost());
@@ -288,6 +292,7 @@ impl PgStore {
         out.map_err(|e| match retry {
             Some(RetryKind::Busy) => Failure::Busy(e),
             Some(RetryKind::Race) => Failure::Race(e),
+            Some(RetryKind::Stale) => Failure::Stale(e),
             None => Failure::Fatal(e),
         })
     }
@@ -306,10 +311,18 @@ impl Store for PgStore {
         self.ensure_connected()?;
         let mut backoff = Backoff::new(self.opts.busy_timeout_ms, MAX_BUSY_RETRIES);
         let mut unique_retries = 0u32;
+        // The first try reads without the runs' locks and takes them with the writes, which
+        // check first that what was read still holds: a run's lock is held for the write
+        // alone. Every try after a failure takes them before the read, so it cannot fail for
+        // a change made meanwhile.
+        let mut optimistic = true;
         loop {
-            match self.run_once(op, "BEGIN", true, body) {
+            let once = self.run_once(op, "BEGIN", true, optimistic, body);
+            optimistic = false;
+            match once {
                 Ok(()) => return Ok(()),
                 Err(Failure::Fatal(e)) => return Err(e),
+                Err(Failure::Stale(_)) => {}
                 Err(Failure::Race(e)) => {
                     // The race's winner has committed: re-running sees its row at once.
                     unique_retries += 1;
@@ -336,10 +349,13 @@ impl Store for PgStore {
             op,
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
             false,
+            false,
             body,
         ) {
             Ok(()) => Ok(()),
-            Err(Failure::Fatal(e) | Failure::Busy(e) | Failure::Race(e)) => Err(e),
+            Err(Failure::Fatal(e) | Failure::Busy(e) | Failure::Race(e) | Failure::Stale(e)) => {
+                Err(e)
+            }
         }
     }
 
@@ -427,6 +443,10 @@ enum Failure {
     /// run): run it again at once, and the winner's row is there. The error is what to report
     /// if the violation persists.
     Race(LedgerError),
+    /// A judgment's write, made without its runs' locks since its read, found a run or a row
+    /// changed: run it again at once, with the locks taken before the read. The error cannot
+    /// surface: the next try takes the locks first, so it never fails this way.
+    Stale(LedgerError),
     /// Anything else: give up with this error.
     Fatal(LedgerError),
 }

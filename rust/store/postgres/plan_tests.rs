@@ -236,7 +236,7 @@ fn the_one_key_statements_probe_by_key_on_a_fresh_schema() {
         (
             "RECLAIM_ATTEMPT_SQL",
             store_mod::sql::RECLAIM_ATTEMPT_SQL.postgres,
-            vec![&"r0", &"u5", &1_i64, &none, &none, &none, &1_i64],
+            vec![&"r0", &"u5", &1_i64, &none, &none, &none, &1_i64, &0_i64],
         ),
         (
             "FINISH_ATTEMPT_SQL",

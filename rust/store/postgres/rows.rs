@@ -180,6 +180,7 @@ fn reclaim(r: &ReclaimRow<'_>) -> Value {
         ("attempt", Value::Int(r.attempt)),
         ("generation", int(r.generation)),
         ("holder", opt(r.holder)),
+        ("reclaims", Value::Int(r.reclaims)),
         ("run_id", text(r.run_id)),
         ("times", Value::Int(r.times)),
         ("trace_context", opt(r.trace_context)),
@@ -196,6 +197,32 @@ fn queue(tx: &dyn Tx, statement: &Sql, rows: Vec<Value>) -> DbResult<()> {
     }
     let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
     tx.defer(statement, params![json(rows), n])
+}
+
+/// Check, before the rows are written, that each run of `late` the judgment read is as it
+/// read it (`sql::RUNS_AS_READ`): the runs' locks are queued ahead of this, so it goes out in
+/// the write's round trip and fails the transaction otherwise.
+pub(super) fn check_read(tx: &dyn Tx, writes: &Writes<'_>, late: &[String]) -> DbResult<()> {
+    let read: Vec<Value> = writes
+        .read
+        .iter()
+        .filter(|r| late.iter().any(|l| l == r.run_id))
+        .map(|r| {
+            object(vec![
+                ("current_step_id", opt(r.current_step_id)),
+                ("generation", int(r.generation)),
+                ("owner_id", opt(r.owner_id)),
+                ("owner_type", opt(r.owner_type)),
+                ("run_id", text(r.run_id)),
+                ("status", text(r.status)),
+                ("token_hash", opt(r.token_hash)),
+            ])
+        })
+        .collect();
+    if read.is_empty() {
+        return Ok(());
+    }
+    tx.defer(&sql::RUNS_AS_READ, params![json(read)])
 }
 
 /// Write a judgment, kind by kind in the kinds' order: a kind with one row by its one-row

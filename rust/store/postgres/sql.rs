@@ -67,6 +67,7 @@ pub const FINISH_GROUP: Sql = Sql::native(FINISH_GROUP_SQL);
 pub const RESERVE_GROUP: Sql = Sql::native(RESERVE_GROUP_SQL);
 pub const RECLAIM_GROUP: Sql = Sql::native(RECLAIM_GROUP_SQL);
 pub const CLAIM_GROUP: Sql = Sql::native(CLAIM_GROUP_SQL);
+pub const RUNS_AS_READ: Sql = Sql::native(RUNS_AS_READ_SQL);
 
 // Why the set statements below join their JSON rows through `LATERAL` subqueries: the planner
 // estimates a `json_to_recordset` at 100 rows and knows nothing of a table's growth until it
@@ -113,6 +114,35 @@ pub const GROUP_RUNS_SQL: &str =
     LEFT JOIN LATERAL (
         SELECT generation, token_hash, expires_at, owner_type, owner_id FROM leases
         WHERE resource_id = x.run_id OFFSET 0) l ON TRUE";
+
+/// Fails the transaction unless every run sent is as the judgment read it (`store::rows::RunRead`):
+/// the check a write made without the runs' locks since the read (`Tx::lock_run_at_write`)
+/// runs first, after taking those locks in statements of their own, so that this statement's
+/// snapshot holds everything the locks' last holders committed. The expiry is not compared (a
+/// heartbeat only moves it later; a claim or a release changes the owner or the generation),
+/// nor anything a judgment does not look at.
+pub const RUNS_AS_READ_SQL: &str = "WITH x AS (
+        SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
+            run_id TEXT, status TEXT, current_step_id TEXT, generation BIGINT, token_hash TEXT,
+            owner_type TEXT, owner_id TEXT)
+    ), changed AS (
+        SELECT 1 FROM x
+        LEFT JOIN LATERAL (
+            SELECT status, current_step_id FROM runs WHERE run_id = x.run_id OFFSET 0) r ON TRUE
+        LEFT JOIN LATERAL (
+            SELECT generation, token_hash, owner_type, owner_id FROM leases
+            WHERE resource_id = x.run_id OFFSET 0) l ON TRUE
+        WHERE r.status IS DISTINCT FROM x.status
+           OR r.current_step_id IS DISTINCT FROM x.current_step_id
+           OR l.generation IS DISTINCT FROM x.generation
+           OR l.token_hash IS DISTINCT FROM x.token_hash
+           OR l.owner_type IS DISTINCT FROM x.owner_type
+           OR l.owner_id IS DISTINCT FROM x.owner_id
+        LIMIT 1
+    )
+    SELECT CAST(CASE WHEN NOT EXISTS (SELECT 1 FROM changed) THEN '0' ELSE 'fencepost: a run \
+     changed between the judgment''s read and its write; judged again under its lock' END \
+     AS INTEGER)";
 
 /// The latest attempt of each (run, unit) a judgment's reservations name, over many runs
 /// (`store::rows::Part::Latest`).
@@ -295,13 +325,13 @@ pub const HEARTBEAT_GROUP_SQL: &str = concat!(
 pub const RECLAIM_GROUP_SQL: &str = concat!(
     "WITH x AS (
         SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
-            run_id TEXT, unit_id TEXT, attempt BIGINT, times BIGINT, holder TEXT,
-            generation BIGINT, trace_context TEXT)
+            run_id TEXT, unit_id TEXT, attempt BIGINT, reclaims BIGINT, times BIGINT,
+            holder TEXT, generation BIGINT, trace_context TEXT)
     ), ra AS (
         SELECT x.*, a.tid FROM x CROSS JOIN LATERAL (
             SELECT ctid AS tid FROM attempts
             WHERE run_id = x.run_id AND unit_id = x.unit_id AND attempt = x.attempt
-              AND status = 'running'
+              AND status = 'running' AND reclaims = x.reclaims
             OFFSET 0) a
     ), r AS (
         UPDATE attempts a SET reclaims = a.reclaims + ra.times,

@@ -25,6 +25,10 @@ use crate::store::{
 pub(super) enum RetryKind {
     /// Contention: a deadlock, a serialization failure or a `lock_timeout`.
     Busy,
+    /// A write made without its runs' locks since the read (the first try, see
+    /// [`crate::store::Tx::lock_run_at_write`]) found a run or a row changed: judge again
+    /// under the locks.
+    Stale,
     /// A UNIQUE violation that a racing insert caused: re-running finds the winner's row.
     Race,
 }
@@ -43,6 +47,11 @@ pub(super) struct Tx<'a> {
     retry: Cell<Option<RetryKind>>,
     /// Runs whose row lock this transaction holds (or has queued).
     locked: RefCell<Vec<String>>,
+    /// Whether a judgment's runs are locked with its writes, not before its read (the first
+    /// try of a write).
+    optimistic: bool,
+    /// Runs a judgment read without their locks, to lock and check with its writes.
+    late: RefCell<Vec<String>>,
     /// Savepoints taken (for statements whose failure the caller interprets).
     savepoint: Cell<u32>,
     /// A statement met a dead session.
@@ -58,17 +67,25 @@ impl<'a> Tx<'a> {
     /// so the first run lock also puts down the transaction's floor for the global event cursor,
     /// before any `seq` is allocated (see `sql::EVENT_FLOOR_LOCK_SQL`). Queued, so it costs no
     /// round trip.
-    fn held(&self, run_id: &str) -> Result<bool> {
+    fn held(&self, run_id: &str) -> DbResult<bool> {
         let locked = self.locked.borrow();
         if locked.iter().any(|r| r == run_id) {
             return Ok(true);
         }
         if locked.is_empty() {
             drop(locked);
-            self.defer_text(sql::EVENT_FLOOR_LOCK_SQL, crate::params![])
-                .map_err(|e| crate::store::Tx::fail(self, &e))?;
+            self.defer_text(sql::EVENT_FLOOR_LOCK_SQL, crate::params![])?;
         }
         Ok(false)
+    }
+
+    /// Queue `run_id`'s lock unless it is held (see [`crate::store::Tx::lock_run`]).
+    fn lock(&self, run_id: &str) -> DbResult<()> {
+        if !self.held(run_id)? {
+            self.defer_text(sql::LOCK_RUN_SQL, crate::params![run_id])?;
+            self.locked.borrow_mut().push(run_id.to_owned());
+        }
+        Ok(())
     }
 
     /// A transaction of operation `op` that begins with `begin` (queued, not sent yet), and
@@ -89,10 +106,19 @@ impl<'a> Tx<'a> {
             op: Cell::new(op),
             retry: Cell::new(None),
             locked: RefCell::new(Vec::new()),
+            optimistic: false,
+            late: RefCell::new(Vec::new()),
             savepoint: Cell::new(0),
             lost: Cell::new(false),
             call_locks: Cell::new(0),
         }
+    }
+
+    /// With `yes`, a judgment locks its runs with its writes, not before its read (see
+    /// [`crate::store::Tx::lock_run_at_write`]).
+    pub(super) fn optimistic(mut self, yes: bool) -> Self {
+        self.optimistic = yes;
+        self
     }
 
     /// End the transaction after its body returned `out`: a successful write commits, sending
@@ -157,6 +183,10 @@ impl<'a> Tx<'a> {
 
     fn classify(&self, e: &PgError, interpret: bool) -> DbError {
         let err = classify(self.target, e);
+        if self.optimistic && is_raised(e) {
+            self.retry.set(Some(RetryKind::Stale));
+            return err;
+        }
         match &err.kind {
             DbErrorKind::Busy => self.retry.set(Some(RetryKind::Busy)),
             DbErrorKind::Unique { .. } if !interpret => self.retry.set(Some(RetryKind::Race)),
@@ -203,6 +233,16 @@ impl<'a> Tx<'a> {
             let _ = self.send(Some(Req::Simple("ROLLBACK")), false);
         }
     }
+}
+
+/// Whether `e` is one of the ledger's own statements failing the transaction on purpose (a
+/// count or a run that is not as judged: see `sql::counts_or_fail`): plain SQL raises by a
+/// failing cast of a text that begins `fencepost: `.
+fn is_raised(e: &PgError) -> bool {
+    e.as_db_error().is_some_and(|d| {
+        *d.code() == tokio_postgres::error::SqlState::INVALID_TEXT_REPRESENTATION
+            && d.message().contains("\"fencepost: ")
+    })
 }
 
 /// Rewrite `?N` placeholders to PostgreSQL's `$N`. The ledger's SQL has no `?` anywhere else
@@ -333,18 +373,31 @@ impl crate::store::Tx for Tx<'_> {
     /// Queued, not sent: the lock goes out with the operation's first read, in the same round
     /// trip and ahead of it (so that read sees the previous writer's commit).
     fn lock_run(&self, run_id: &str) -> Result<()> {
-        if self.held(run_id)? {
-            return Ok(());
-        }
-        self.defer_text(sql::LOCK_RUN_SQL, crate::params![run_id])
-            .map_err(|e| crate::store::Tx::fail(self, &e))?;
-        self.locked.borrow_mut().push(run_id.to_owned());
-        Ok(())
+        self.lock(run_id)
+            .map_err(|e| crate::store::Tx::fail(self, &e))
     }
 
     fn mark_run_locked(&self, run_id: &str) -> Result<()> {
-        if !self.held(run_id)? {
+        let held = self
+            .held(run_id)
+            .map_err(|e| crate::store::Tx::fail(self, &e))?;
+        if !held {
             self.locked.borrow_mut().push(run_id.to_owned());
+        }
+        Ok(())
+    }
+
+    /// On the first try, only noted: [`Tx::write_rows`] takes the lock. Otherwise, and for a
+    /// run already locked, [`Tx::lock_run`].
+    fn lock_run_at_write(&self, run_id: &str) -> Result<()> {
+        if !self.optimistic {
+            return crate::store::Tx::lock_run(self, run_id);
+        }
+        if !self.locked.borrow().iter().any(|r| r == run_id) {
+            let mut late = self.late.borrow_mut();
+            if !late.iter().any(|r| r == run_id) {
+                late.push(run_id.to_owned());
+            }
         }
         Ok(())
     }
@@ -358,8 +411,19 @@ impl crate::store::Tx for Tx<'_> {
         super::rows::read(self, keys, each)
     }
 
-    /// One set statement per kind, queued to go out with the commit.
+    /// One set statement per kind, queued to go out with the commit. Runs read without their
+    /// locks are locked first, in sorted order, and checked to be as read (`sql::RUNS_AS_READ`),
+    /// all in the same round trip as the rows: the lock statements go ahead of the check, which
+    /// (a statement of its own) sees whatever the last holder of each lock committed.
     fn write_rows(&self, writes: &crate::store::rows::Writes<'_>) -> DbResult<()> {
+        let mut late = self.late.take();
+        if !late.is_empty() {
+            late.sort_unstable();
+            for run in &late {
+                self.lock(run)?;
+            }
+            super::rows::check_read(self, writes, &late)?;
+        }
         super::rows::write(self, writes)
     }
 

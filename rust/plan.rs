@@ -30,10 +30,10 @@ use crate::errors::{LedgerError, Result};
 use crate::events::Actor;
 use crate::leases::{self, Fence, FenceRow};
 use crate::model::{Claim, Reservation, ReservationKind};
-use crate::status::{AttemptStatus, RunState};
+use crate::status::{AttemptStatus, RunState, RunStatus};
 use crate::store::rows::{
-    AttemptRef, FinishRow, HeartbeatRow, Part, ReclaimRow, ReserveRow, RunRead, SnapshotKeys,
-    Stamp, UnitRef, Writes,
+    AttemptRef, FenceRead, FinishRow, HeartbeatRow, Part, ReclaimRow, ReserveRow, RunRead,
+    SnapshotKeys, Stamp, UnitRef, Writes,
 };
 use crate::store::{DbResult, Row, Tx};
 
@@ -170,17 +170,22 @@ impl<'a> Judgment<'a> {
             return Ok(());
         }
         let mut writes: Writes<'_> = writes;
-        writes.read = snapshot
-            .runs
-            .iter()
-            .map(|(run_id, r)| RunRead {
+        writes.read = depends(&writes)
+            .into_iter()
+            .map(|(run_id, (active, fenced))| RunRead {
                 run_id,
-                status: r.state.status.as_str(),
-                current_step_id: r.state.current_step_id.as_deref(),
-                generation: r.lease.as_ref().map(|l| l.generation),
-                token_hash: r.lease.as_ref().and_then(|l| l.token_hash.as_deref()),
-                owner_type: r.lease.as_ref().and_then(|l| l.owner_type.as_deref()),
-                owner_id: r.lease.as_ref().and_then(|l| l.owner_id.as_deref()),
+                status: active.then_some(RunStatus::Active.as_str()),
+                fence: snapshot
+                    .runs
+                    .get(run_id)
+                    .and_then(|r| r.lease.as_ref())
+                    .filter(|_| fenced)
+                    .and_then(|l| {
+                        Some(FenceRead {
+                            generation: l.generation,
+                            token_hash: l.token_hash.as_deref()?,
+                        })
+                    }),
             })
             .collect();
         tx.write_rows(&writes).map_err(|e| tx.fail(&e))
@@ -377,6 +382,30 @@ impl<'a> Judgment<'a> {
             self.writes.reclaims.push(r);
         }
     }
+}
+
+/// Of each run the rows write to, what they depend on: whether the run was active (a new or
+/// reclaimed attempt needs it) and whether its lease was (a row written under a fence), by run.
+fn depends<'w>(writes: &Writes<'w>) -> std::collections::BTreeMap<&'w str, (bool, bool)> {
+    let mut on: std::collections::BTreeMap<&str, (bool, bool)> = std::collections::BTreeMap::new();
+    let mut add = |run: &'w str, active: bool, fenced: bool| {
+        let e = on.entry(run).or_default();
+        e.0 |= active;
+        e.1 |= fenced;
+    };
+    for h in &writes.heartbeats {
+        add(h.run_id, false, true);
+    }
+    for f in &writes.finishes {
+        add(f.run_id, false, f.stamp.generation.is_some());
+    }
+    for r in &writes.reserves {
+        add(r.run_id, true, r.stamp.generation.is_some());
+    }
+    for r in &writes.reclaims {
+        add(r.run_id, true, r.generation.is_some());
+    }
+    on
 }
 
 /// Who a call's rows say wrote them.

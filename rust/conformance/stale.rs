@@ -283,3 +283,129 @@ fn a_write_on_another_unit_meanwhile_costs_no_second_try() {
         i64::try_from(types.len()).unwrap()
     );
 }
+
+/// A judgment over two runs (as a batch or a group makes) checks both runs in one statement.
+#[test]
+fn a_judgment_over_two_runs_is_judged_again_when_one_changed() {
+    let (mut store, mut other, _schema) = two_sessions();
+    started(store.as_mut(), "r2");
+    let spec = ClaimSpec::new("host-a".into(), LEASE_MS, None, "token").expect("spec");
+    let c = leases::claim(store.as_mut(), "r2", &spec, T0)
+        .expect("claim")
+        .expect("claimed");
+    let fence = Fence::from_token("r2", c.generation, &c.token);
+    let released = fence.clone();
+    let (mine, theirs) = ([unit("u1")], [unit("u2")]);
+    let (ids, other_ids) = (["d-1".to_owned()], ["d-2".to_owned()]);
+    let (out, tries) = meddled(
+        store.as_mut(),
+        other.as_mut(),
+        |o| leases::release(o, &released, T0).expect("release"),
+        |tx| {
+            let mut keys = crate::plan::Keys::default();
+            keys.reserve("r", &mine);
+            keys.reserve("r2", &theirs);
+            let mut judgment = crate::plan::Judgment::read(tx, keys)?;
+            let unfenced = judgment.reserve("r", &mine, &ids, None, T0);
+            let fenced = judgment.reserve("r2", &theirs, &other_ids, Some(&fence), T0);
+            judgment.write(tx)?;
+            Ok((unfenced.is_ok(), fenced.err()))
+        },
+    );
+    let (unfenced, fenced) = out.expect("judged");
+    assert!(unfenced);
+    assert!(
+        matches!(fenced, Some(LedgerError::LeaseLost { .. })),
+        "{fenced:?}"
+    );
+    assert_eq!(tries, 2);
+    assert_eq!(
+        attempts::attempts(store.as_mut(), "r", "u1")
+            .expect("r")
+            .len(),
+        1
+    );
+    assert!(attempts::attempts(store.as_mut(), "r2", "u2")
+        .expect("r2")
+        .is_empty());
+}
+
+/// The change commits while the write's lock statement waits for the run's lock: the check,
+/// in that same statement, must see it (the rows it locks are re-read once the lock is free).
+#[test]
+fn a_change_committed_while_the_write_waits_for_the_lock_is_seen() {
+    let (mut store, _other, dropper) = two_sessions();
+    let (fence, _) = claimed(store.as_mut());
+    let schema = dropper.schema().to_owned();
+    let units = [unit("u1")];
+    let (held, holding) = std::sync::mpsc::channel::<()>();
+    let mut holder = None;
+    let tries = Cell::new(0_u32);
+    let out = store.write("meddled", |tx| {
+        tries.set(tries.get() + 1);
+        if tries.get() > 1 {
+            return reserve_in(tx, "r", &units, &["d-1".to_owned()], Some(&fence), T0);
+        }
+        let schema = schema.clone();
+        let held = held.clone();
+        let start = || {
+            holder = Some(std::thread::spawn(move || {
+                let url = postgres_url();
+                let opts = OpenOptions::default();
+                let mut other = open(None, Some(&url), Some(&schema), &opts, 0).expect("open");
+                other
+                    .write("holding the run's lock", |tx| {
+                        tx.lock_run("r")?;
+                        tx.execute(&RELEASE_ANY, crate::params!["r"], false)
+                            .map_err(|e| tx.fail(&e))?;
+                        held.send(()).expect("send");
+                        std::thread::sleep(std::time::Duration::from_millis(300));
+                        Ok(())
+                    })
+                    .expect("the other write");
+            }));
+            holding.recv().expect("the other session holds the lock");
+        };
+        let meddle = Meddle {
+            inner: tx,
+            change: RefCell::new(Some(Box::new(start))),
+        };
+        reserve_in(&meddle, "r", &units, &["d-1".to_owned()], Some(&fence), T0)
+    });
+    if let Some(h) = holder.take() {
+        h.join().expect("holder");
+    }
+    assert!(matches!(out, Err(LedgerError::LeaseLost { .. })), "{out:?}");
+    assert_eq!(tries.get(), 2);
+    assert!(attempts::attempts(store.as_mut(), "r", "u1")
+        .expect("attempts")
+        .is_empty());
+}
+
+/// A release by hand, so that it can be held open: the owner cleared, the generation kept.
+const RELEASE_ANY: Sql = Sql::same(
+    "UPDATE leases SET owner_type = NULL, owner_id = NULL, token_hash = NULL,
+    acquired_at = NULL, heartbeat_at = NULL, expires_at = NULL WHERE resource_id = ?1",
+);
+
+#[test]
+fn a_reserve_on_a_run_blocked_meanwhile_is_refused() {
+    let (mut store, mut other, _schema) = two_sessions();
+    let units = [unit("u1")];
+    let (out, tries) = meddled(
+        store.as_mut(),
+        other.as_mut(),
+        |o| {
+            crate::runs::block_run(o, "r", None, T0).expect("block");
+        },
+        |tx| reserve_in(tx, "r", &units, &["d-1".to_owned()], None, T0),
+    );
+    assert!(
+        matches!(out, Err(LedgerError::RunNotActive { .. })),
+        "{out:?}"
+    );
+    assert_eq!(tries, 2);
+    assert!(attempts::attempts(store.as_mut(), "r", "u1")
+        .expect("attempts")
+        .is_empty());
+}

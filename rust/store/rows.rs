@@ -172,20 +172,25 @@ pub struct ClaimRow<'a> {
     pub stamp: Stamp,
 }
 
-/// A run as the judgment read it: what it judged the calls on. A store that writes a
-/// judgment's rows without having held the run's lock since the read compares these first
-/// (see `Tx::lock_run_at_write`); the lease's expiry is left out, as only a claim or a release
-/// can end a lease before it, and each changes the owner or the generation.
+/// What the rows written on a run were judged on, as read: a store that writes them without
+/// having held the run's lock since the read checks these first (see `Tx::lock_run_at_write`).
+/// Only what an accepted call's rows depend on: a refused call, or one that writes nothing,
+/// was answered from the read and is not judged again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunRead<'a> {
     pub run_id: &'a str,
-    pub status: &'static str,
-    pub current_step_id: Option<&'a str>,
-    /// `None`: the run had no lease row.
-    pub generation: Option<i64>,
-    pub token_hash: Option<&'a str>,
-    pub owner_type: Option<&'a str>,
-    pub owner_id: Option<&'a str>,
+    /// The run's status, when a new or reclaimed attempt depends on it (the run was active).
+    pub status: Option<&'static str>,
+    /// The lease, when a fenced row depends on it.
+    pub fence: Option<FenceRead<'a>>,
+}
+
+/// The lease a fenced row was judged on. A release clears the token, a claim moves the
+/// generation; the expiry is not compared, as only a heartbeat moves it, and only later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceRead<'a> {
+    pub generation: i64,
+    pub token_hash: &'a str,
 }
 
 /// Everything one judgment writes, in the order it is written: claims, heartbeats, finishes, new
@@ -193,7 +198,7 @@ pub struct RunRead<'a> {
 /// kind, rows keep the order they were judged in, which is the order their events take.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Writes<'a> {
-    /// The runs the rows were judged on, as read (not rows to write).
+    /// What the rows depend on of their runs, as read (not rows to write).
     pub read: Vec<RunRead<'a>>,
     pub claims: Vec<ClaimRow<'a>>,
     pub heartbeats: Vec<HeartbeatRow<'a>>,

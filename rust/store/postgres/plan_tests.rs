@@ -169,6 +169,11 @@ fn the_write_path_probes_by_key_on_a_fresh_schema() {
         r#"[{{"run_id":"r0","generation":{},"token_hash":"{}","heartbeat_at":1,"expires_at":2}}]"#,
         fence.generation, fence.token_hash
     );
+    let read = format!(
+        r#"[{{"run_id":"r0","status":"active","generation":{},"token_hash":"{}"}},
+        {{"run_id":"r1","status":null,"generation":null,"token_hash":null}}]"#,
+        fence.generation, fence.token_hash
+    );
     let two = 2_i64;
     let statements: Vec<(&str, &str, Vec<&dyn ToSql>)> = vec![
         // A judgment's reads and writes of many keys (`store::postgres::rows`).
@@ -198,6 +203,11 @@ fn the_write_path_probes_by_key_on_a_fresh_schema() {
             "RECLAIM_GROUP_SQL",
             sql::RECLAIM_GROUP_SQL,
             vec![&reclaims, &two],
+        ),
+        (
+            "LOCK_RUNS_AS_READ_SQL",
+            sql::LOCK_RUNS_AS_READ_SQL,
+            vec![&read, &two],
         ),
     ];
     assert_probes(store, &statements);
@@ -237,6 +247,11 @@ fn the_one_key_statements_probe_by_key_on_a_fresh_schema() {
             "RECLAIM_ATTEMPT_SQL",
             store_mod::sql::RECLAIM_ATTEMPT_SQL.postgres,
             vec![&"r0", &"u5", &1_i64, &none, &none, &none, &1_i64, &0_i64],
+        ),
+        (
+            "LOCK_RUN_AS_READ_SQL",
+            sql::LOCK_RUN_AS_READ_SQL,
+            vec![&"r0", &"active", &1_i64, &"h"],
         ),
         (
             "FINISH_ATTEMPT_SQL",

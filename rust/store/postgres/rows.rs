@@ -199,30 +199,40 @@ fn queue(tx: &dyn Tx, statement: &Sql, rows: Vec<Value>) -> DbResult<()> {
     tx.defer(statement, params![json(rows), n])
 }
 
-/// Check, before the rows are written, that each run of `late` the judgment read is as it
-/// read it (`sql::RUNS_AS_READ`): the runs' locks are queued ahead of this, so it goes out in
-/// the write's round trip and fails the transaction otherwise.
-pub(super) fn check_read(tx: &dyn Tx, writes: &Writes<'_>, late: &[String]) -> DbResult<()> {
-    let read: Vec<Value> = writes
-        .read
+/// Lock the runs of `late` (sorted), read by the judgment without their locks, and check that
+/// each run it read is as it read it: one statement, queued ahead of the rows, so it goes out in
+/// the write's round trip and fails the transaction when a run changed
+/// (`sql::LOCK_RUNS_AS_READ_SQL`; one run by its one-run form).
+pub(super) fn lock_as_read(tx: &dyn Tx, writes: &Writes<'_>, late: &[String]) -> DbResult<()> {
+    let read = |run: &str| writes.read.iter().find(|r| r.run_id == run);
+    if let [run] = late {
+        let r = read(run);
+        let status = r.and_then(|r| r.status);
+        let fence = r.and_then(|r| r.fence);
+        return tx.defer(
+            &sql::LOCK_RUN_AS_READ,
+            params![
+                run,
+                status,
+                fence.map(|f| f.generation),
+                fence.map(|f| f.token_hash)
+            ],
+        );
+    }
+    let runs = late
         .iter()
-        .filter(|r| late.iter().any(|l| l == r.run_id))
-        .map(|r| {
+        .map(|run| {
+            let r = read(run);
+            let fence = r.and_then(|r| r.fence);
             object(vec![
-                ("current_step_id", opt(r.current_step_id)),
-                ("generation", int(r.generation)),
-                ("owner_id", opt(r.owner_id)),
-                ("owner_type", opt(r.owner_type)),
-                ("run_id", text(r.run_id)),
-                ("status", text(r.status)),
-                ("token_hash", opt(r.token_hash)),
+                ("generation", int(fence.map(|f| f.generation))),
+                ("run_id", text(run)),
+                ("status", opt(r.and_then(|r| r.status))),
+                ("token_hash", opt(fence.map(|f| f.token_hash))),
             ])
         })
         .collect();
-    if read.is_empty() {
-        return Ok(());
-    }
-    tx.defer(&sql::RUNS_AS_READ, params![json(read)])
+    queue(tx, &sql::LOCK_RUNS_AS_READ, runs)
 }
 
 /// Write a judgment, kind by kind in the kinds' order: a kind with one row by its one-row

@@ -67,7 +67,8 @@ pub const FINISH_GROUP: Sql = Sql::native(FINISH_GROUP_SQL);
 pub const RESERVE_GROUP: Sql = Sql::native(RESERVE_GROUP_SQL);
 pub const RECLAIM_GROUP: Sql = Sql::native(RECLAIM_GROUP_SQL);
 pub const CLAIM_GROUP: Sql = Sql::native(CLAIM_GROUP_SQL);
-pub const RUNS_AS_READ: Sql = Sql::native(RUNS_AS_READ_SQL);
+pub const LOCK_RUNS_AS_READ: Sql = Sql::native(LOCK_RUNS_AS_READ_SQL);
+pub const LOCK_RUN_AS_READ: Sql = Sql::native(LOCK_RUN_AS_READ_SQL);
 
 // Why the set statements below join their JSON rows through `LATERAL` subqueries: the planner
 // estimates a `json_to_recordset` at 100 rows and knows nothing of a table's growth until it
@@ -115,34 +116,52 @@ pub const GROUP_RUNS_SQL: &str =
         SELECT generation, token_hash, expires_at, owner_type, owner_id FROM leases
         WHERE resource_id = x.run_id OFFSET 0) l ON TRUE";
 
-/// Fails the transaction unless every run sent is as the judgment read it (`store::rows::RunRead`):
-/// the check a write made without the runs' locks since the read (`Tx::lock_run_at_write`)
-/// runs first, after taking those locks in statements of their own, so that this statement's
-/// snapshot holds everything the locks' last holders committed. The expiry is not compared (a
-/// heartbeat only moves it later; a claim or a release changes the owner or the generation),
-/// nor anything a judgment does not look at.
-pub const RUNS_AS_READ_SQL: &str = "WITH x AS (
+/// The lock of each run sent, in the order sent, and a check that what the judgment's rows
+/// depend on (`store::rows::RunRead`) is as it was read: the status, where one is sent, and the
+/// lease's generation and token hash, where a generation is sent. What a write made without
+/// the runs' locks since the read (`Tx::lock_run_at_write`) runs first, in place of
+/// `LOCK_RUN_SQL`; it fails the transaction when a run changed.
+///
+/// The rows compared are read `FOR UPDATE`: a row so locked is its newest committed version,
+/// even one committed while this statement waited for the lock (PostgreSQL re-reads it), where a
+/// plain read in the same statement would see the statement's older snapshot. Every writer of a
+/// lease holds its run's lock first, so the lease row's lock waits for no one the run's lock does
+/// not; it is taken only where the lease is compared, since a row lock is a write of its own.
+/// A lease compared existed at the read (a fence held on it), so it cannot be one created since.
+pub const LOCK_RUNS_AS_READ_SQL: &str = "WITH x AS (
         SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
-            run_id TEXT, status TEXT, current_step_id TEXT, generation BIGINT, token_hash TEXT,
-            owner_type TEXT, owner_id TEXT)
-    ), changed AS (
-        SELECT 1 FROM x
+            run_id TEXT, status TEXT, generation BIGINT, token_hash TEXT)
+    ), locked AS (
+        SELECT x.status, x.generation, r.status AS now, l.held FROM x
         LEFT JOIN LATERAL (
-            SELECT status, current_step_id FROM runs WHERE run_id = x.run_id OFFSET 0) r ON TRUE
+            SELECT status FROM runs WHERE run_id = x.run_id FOR UPDATE) r ON TRUE
         LEFT JOIN LATERAL (
-            SELECT generation, token_hash, owner_type, owner_id FROM leases
-            WHERE resource_id = x.run_id OFFSET 0) l ON TRUE
-        WHERE r.status IS DISTINCT FROM x.status
-           OR r.current_step_id IS DISTINCT FROM x.current_step_id
-           OR l.generation IS DISTINCT FROM x.generation
-           OR l.token_hash IS DISTINCT FROM x.token_hash
-           OR l.owner_type IS DISTINCT FROM x.owner_type
-           OR l.owner_id IS DISTINCT FROM x.owner_id
-        LIMIT 1
+            SELECT generation = x.generation AND token_hash = x.token_hash AS held FROM leases
+            WHERE resource_id = x.run_id AND x.generation IS NOT NULL FOR UPDATE) l ON TRUE
     )
-    SELECT CAST(CASE WHEN NOT EXISTS (SELECT 1 FROM changed) THEN '0' ELSE 'fencepost: a run \
-     changed between the judgment''s read and its write; judged again under its lock' END \
-     AS INTEGER)";
+    SELECT CAST(CASE WHEN count(*) = CAST(?2 AS BIGINT) AND count(*) FILTER (WHERE
+            (status IS NOT NULL AND now IS DISTINCT FROM status)
+            OR (generation IS NOT NULL AND held IS NOT TRUE)) = 0
+        THEN '0' ELSE 'fencepost: a run changed between the judgment''s read and its write; \
+         judged again under its lock' END AS INTEGER)
+    FROM locked";
+
+/// [`LOCK_RUNS_AS_READ_SQL`] for one run, its values as parameters (no JSON to parse: a lone
+/// call's lock and check cost about what `LOCK_RUN_SQL` costs). The lease's part is planned with
+/// a one-time filter on ?3, so without a generation it is neither read nor locked.
+pub const LOCK_RUN_AS_READ_SQL: &str = "WITH r AS (
+        SELECT status FROM runs WHERE run_id = ?1 FOR UPDATE
+    ), l AS (
+        SELECT generation, token_hash FROM leases
+        WHERE resource_id = ?1 AND CAST(?3 AS BIGINT) IS NOT NULL FOR UPDATE
+    )
+    SELECT CAST(CASE WHEN EXISTS (
+            SELECT 1 FROM r WHERE CAST(?2 AS TEXT) IS NULL OR r.status = CAST(?2 AS TEXT))
+        AND (CAST(?3 AS BIGINT) IS NULL OR EXISTS (
+            SELECT 1 FROM l
+            WHERE l.generation = CAST(?3 AS BIGINT) AND l.token_hash = CAST(?4 AS TEXT)))
+        THEN '0' ELSE 'fencepost: a run changed between the judgment''s read and its write; \
+         judged again under its lock' END AS INTEGER)";
 
 /// The latest attempt of each (run, unit) a judgment's reservations name, over many runs
 /// (`store::rows::Part::Latest`).

@@ -68,15 +68,20 @@ impl<'a> Tx<'a> {
     /// before any `seq` is allocated (see `sql::EVENT_FLOOR_LOCK_SQL`). Queued, so it costs no
     /// round trip.
     fn held(&self, run_id: &str) -> DbResult<bool> {
-        let locked = self.locked.borrow();
-        if locked.iter().any(|r| r == run_id) {
+        if self.locked.borrow().iter().any(|r| r == run_id) {
             return Ok(true);
         }
-        if locked.is_empty() {
-            drop(locked);
+        self.floor()?;
+        Ok(false)
+    }
+
+    /// Before the transaction's first run lock, the floor under the event cursor (see
+    /// [`Tx::held`]).
+    fn floor(&self) -> DbResult<()> {
+        if self.locked.borrow().is_empty() {
             self.defer_text(sql::EVENT_FLOOR_LOCK_SQL, crate::params![])?;
         }
-        Ok(false)
+        Ok(())
     }
 
     /// Queue `run_id`'s lock unless it is held (see [`crate::store::Tx::lock_run`]).
@@ -411,18 +416,16 @@ impl crate::store::Tx for Tx<'_> {
         super::rows::read(self, keys, each)
     }
 
-    /// One set statement per kind, queued to go out with the commit. Runs read without their
-    /// locks are locked first, in sorted order, and checked to be as read (`sql::RUNS_AS_READ`),
-    /// all in the same round trip as the rows: the lock statements go ahead of the check, which
-    /// (a statement of its own) sees whatever the last holder of each lock committed.
+    /// One set statement per kind, queued to go out with the commit. Runs the judgment read
+    /// without their locks are locked first, in sorted order, by a statement that also checks
+    /// that they are as read (`rows::lock_as_read`), in the same round trip as the rows.
     fn write_rows(&self, writes: &crate::store::rows::Writes<'_>) -> DbResult<()> {
         let mut late = self.late.take();
         if !late.is_empty() {
             late.sort_unstable();
-            for run in &late {
-                self.lock(run)?;
-            }
-            super::rows::check_read(self, writes, &late)?;
+            self.floor()?;
+            super::rows::lock_as_read(self, writes, &late)?;
+            self.locked.borrow_mut().extend(late);
         }
         super::rows::write(self, writes)
     }

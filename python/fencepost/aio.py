@@ -89,16 +89,28 @@ class _SubmitCore:
         return functools.partial(getattr(self._core, name), future=self._future)
 
 
-def _resolve_many(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+def _resolve_many(
+    items: list[tuple[asyncio.Future[Any], bool, Any]],
+    settled: Callable[[], None] | None = None,
+) -> None:
     """Resolve futures with ``(future, failed, result or exception)``: called on their loop, once
-    per group the writer committed. A future whose caller gave up (cancelled) is left alone."""
-    for future, failed, value in items:
-        if future.done():
-            continue
-        if failed:
-            future.set_exception(value)
-        else:
-            future.set_result(value)
+    per group the writer committed. A future whose caller gave up (cancelled) is left alone.
+    ``settled`` is called once the callers woken here have run up to their next wait (it is
+    scheduled behind them), so the writer may form its next group with the calls they make."""
+    try:
+        for future, failed, value in items:
+            if future.done():
+                continue
+            if failed:
+                future.set_exception(value)
+            else:
+                future.set_result(value)
+    finally:
+        if settled is not None:
+            # Two turns of the loop behind: a caller's future wakes it through the shield
+            # around it (`_queued`), one callback later than the future itself.
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, settled)
 
 
 def _settled(gate: asyncio.Semaphore, future: asyncio.Future[Any]) -> None:

@@ -28,7 +28,7 @@ use pyo3::types::{PyBool, PyList, PyTuple};
 use crate::errors::Result;
 use crate::py::args;
 use crate::py::errors::to_pyerr;
-use crate::writer::{AsyncReply, Delivery, Op, Output, Writer};
+use crate::writer::{AsyncReply, Delivery, Op, Output, Settling, Writer};
 
 /// How a method turns its operation's output into its Python result.
 pub type Build = for<'py> fn(Python<'py>, Output) -> PyResult<Bound<'py, PyAny>>;
@@ -39,6 +39,41 @@ pub struct PyReply {
     future: Py<PyAny>,
     event_loop: Py<PyAny>,
     build: Build,
+    settling: Arc<Settling>,
+}
+
+/// Called on a loop after the callers its delivery woke have run (see [`Settling`]); settles
+/// the delivery when dropped uncalled too (a loop closed first), so the writer never waits for
+/// it.
+#[pyclass(module = "fencepost._core")]
+pub struct Settled {
+    settling: std::sync::Mutex<Option<Arc<Settling>>>,
+}
+
+impl Settled {
+    fn fire(&self) {
+        let taken = self
+            .settling
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(s) = taken {
+            s.settle();
+        }
+    }
+}
+
+#[pymethods]
+impl Settled {
+    fn __call__(&self) {
+        self.fire();
+    }
+}
+
+impl Drop for Settled {
+    fn drop(&mut self) {
+        self.fire();
+    }
 }
 
 /// Queue `op` on `writer`, to resolve `future` (an `asyncio.Future`) with `build`'s result or
@@ -66,6 +101,7 @@ pub fn submit(
         future: future.clone().unbind(),
         event_loop: event_loop.unbind(),
         build,
+        settling: writer.settling(),
     };
     writer
         .submit_async(op, Box::new(reply))
@@ -171,12 +207,15 @@ fn resolve(py: Python<'_>, answers: Vec<(Box<PyReply>, Result<Output>)>) {
     };
     // Few loops per group (usually one): a linear search beats hashing Python objects.
     let mut loops: Vec<(Py<PyAny>, Vec<Bound<'_, PyTuple>>)> = Vec::new();
+    let mut settling = None;
     for (reply, out) in answers {
         let PyReply {
             future,
             event_loop,
             build,
+            settling: s,
         } = *reply;
+        settling.get_or_insert(s);
         let built = out
             .map_err(|e| to_pyerr(py, e))
             .and_then(|out| build(py, out));
@@ -204,8 +243,18 @@ fn resolve(py: Python<'_>, answers: Vec<(Box<PyReply>, Result<Output>)>) {
         }
     }
     for (event_loop, items) in loops {
+        let settled = settling.as_ref().map(|s| {
+            s.expect();
+            Settled {
+                settling: std::sync::Mutex::new(Some(Arc::clone(s))),
+            }
+        });
         let sent = PyList::new(py, items).and_then(|items| {
-            event_loop.call_method1(py, "call_soon_threadsafe", (resolve_many, items))
+            let settled = match settled {
+                Some(s) => Some(Py::new(py, s)?),
+                None => None,
+            };
+            event_loop.call_method1(py, "call_soon_threadsafe", (resolve_many, items, settled))
         });
         match sent {
             Ok(_) => {}

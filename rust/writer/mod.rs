@@ -11,7 +11,13 @@
 //! An asynchronous call (`submit_async`) queues with an [`AsyncReply`] instead of a waiting
 //! thread and returns at once; its caller never leads. When such a call is at the front and
 //! no one leads, the writer's helper thread (started with the first asynchronous call) leads
-//! in its place. The replies of one group are delivered together, after the commit, with no
+//! in its place. After a group of asynchronous calls the helper waits (at most
+//! `SETTLE_LIMIT`) until the callers it answered have run and made their next calls
+//! ([`Settling`]), or until as many calls as the group had are queued anyway: coroutines that
+//! call again as soon as they are answered then share one group, where without the wait the
+//! next group would hold only those answered in the group before, and every group about half
+//! of them (measured on PostgreSQL with 10 coroutines on one Ledger: groups of 5 calls
+//! without the wait, 10 with it, 3 000 -> 4 300 units/s). The replies of one group are delivered together, after the commit, with no
 //! lock of the writer held: a reply may need a lock of its own (the GIL), and a thread that
 //! holds that lock may be queueing a call at that moment.
 
@@ -114,6 +120,52 @@ pub trait AsyncReply: Any + Send {
 /// An asynchronous call's reply and its outcome.
 pub type Delivery = (Box<dyn AsyncReply>, Result<Output>);
 
+/// Deliveries whose callers have not resumed yet: each is counted when it is handed to its
+/// callers' side (an event loop) and settled once the callers it woke have run up to their next
+/// wait, so that the calls they make next have been queued.
+#[derive(Debug, Default)]
+pub struct Settling {
+    pending: Mutex<u32>,
+    settled: Condvar,
+}
+
+impl Settling {
+    /// A delivery was handed over; [`Settling::settle`] follows exactly once.
+    pub fn expect(&self) {
+        *lock(&self.pending) += 1;
+    }
+
+    /// A delivery's callers have run.
+    pub fn settle(&self) {
+        let mut n = lock(&self.pending);
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.settled.notify_all();
+        }
+    }
+
+    /// Wait until every delivery handed over has settled, `filled` says enough calls are
+    /// queued (looked at every [`FILL_POLL`]), or `limit` passed.
+    fn wait(&self, limit: Duration, filled: impl Fn() -> bool) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if filled() {
+                return;
+            }
+            let n = lock(&self.pending);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if *n == 0 || left.is_zero() {
+                return;
+            }
+            drop(
+                self.settled
+                    .wait_timeout(n, left.min(FILL_POLL))
+                    .unwrap_or_else(PoisonError::into_inner),
+            );
+        }
+    }
+}
+
 /// How a queued call's caller is answered.
 enum Reply {
     /// A thread waits (and may be asked to lead).
@@ -154,7 +206,15 @@ pub struct Writer {
     store: Mutex<Option<Box<dyn Store>>>,
     cfg: Config,
     stats: Stats,
+    settling: Arc<Settling>,
 }
+
+/// How often the helper, waiting for its last group's callers, looks whether the queue has
+/// filled meanwhile (by other callers).
+const FILL_POLL: Duration = Duration::from_micros(50);
+/// The longest the helper waits for its last group's callers to call again: a loop that does
+/// not get round to them by then (busy with work of its own) does not hold the store idle.
+const SETTLE_LIMIT: Duration = Duration::from_millis(2);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -221,7 +281,13 @@ impl Writer {
             store: Mutex::new(Some(store)),
             cfg,
             stats: Stats::default(),
+            settling: Arc::new(Settling::default()),
         }
+    }
+
+    /// The count of deliveries whose callers have not resumed yet (see [`Settling`]).
+    pub fn settling(&self) -> Arc<Settling> {
+        Arc::clone(&self.settling)
     }
 
     /// Whether `close` was called.
@@ -337,7 +403,13 @@ impl Writer {
             if q.helper_wanted {
                 q.helper_wanted = false;
                 drop(q);
-                self.lead();
+                let n = self.lead();
+                // Its callers call again as soon as they are answered; wait for them (or for
+                // as many other calls) rather than run a group of the few that came first.
+                self.settling.wait(SETTLE_LIMIT, || {
+                    let q = lock(&self.queue);
+                    q.closed || q.pending.len() >= n
+                });
                 q = lock(&self.queue);
             } else if q.closed && !q.leading {
                 return;
@@ -347,8 +419,9 @@ impl Writer {
         }
     }
 
-    /// Run one group from the front of the queue, hand the lead on, answer the group.
-    fn lead(&self) {
+    /// Run one group from the front of the queue, hand the lead on, answer the group; how many
+    /// calls it had.
+    fn lead(&self) -> usize {
         let group = self.take_group();
         self.not_full.notify_all();
         let ops: Vec<&Op> = group.iter().map(|e| &e.op).collect();
@@ -402,6 +475,7 @@ impl Writer {
         self.stats.groups.fetch_add(1, Ordering::Relaxed);
         self.stats.calls.fetch_add(n, Ordering::Relaxed);
         self.stats.max_group.fetch_max(n, Ordering::Relaxed);
+        let calls = group.len();
         let mut batch = Vec::new();
         for (entry, out) in group.into_iter().zip(outs) {
             match entry.reply {
@@ -410,6 +484,7 @@ impl Writer {
             }
         }
         deliver(batch);
+        calls
     }
 
     /// The calls at the front: at least one, up to the count and weight caps.

@@ -116,7 +116,8 @@ impl PyLedger {
             .map_err(|e| to_pyerr(py, e))?;
         crate::py::observe::flush(py);
         store.label().clone_into(&mut this.target);
-        let cfg = Config::new(group_commit, busy_timeout_ms, url.is_some());
+        let mut cfg = Config::new(group_commit, busy_timeout_ms, url.is_some());
+        cfg.fill = url.is_some() || opts.durability == crate::store::Durability::Full;
         this.writer = Some(Arc::new(Writer::new(store, cfg)));
         Ok(this)
     }

@@ -17,9 +17,10 @@
 //! [`Tx::lock_run_at_write`]: on SQLite (one writer) and on a retry that is the run's lock
 //! from before the read to the commit, so the snapshot stays true until the rows are written.
 //! PostgreSQL's first try takes the locks only with the rows, and the write checks first that
-//! every run is still as read ([`RunRead`]), so a run's lock is held for the write alone and
-//! not across the read's round trip and the judging. A run that changed in between fails the
-//! try, and the store judges again under the locks.
+//! what the rows depend on of each run (its status, its lease: [`RunRead`]) is still as read,
+//! so a run's lock is held for the write alone and not across the read's round trip and the
+//! judging. A run that changed in between fails the try, and the store judges again under the
+//! locks.
 
 use std::collections::HashMap;
 
@@ -160,8 +161,8 @@ impl<'a> Judgment<'a> {
         })
     }
 
-    /// Write the rows of every accepted call, with the runs as they were read (for a write
-    /// that checks them first; see [`Tx::lock_run_at_write`]).
+    /// Write the rows of every accepted call, with what they depend on of their runs as read
+    /// (for a write that checks it first; see [`Tx::lock_run_at_write`]).
     pub(crate) fn write(self, tx: &dyn Tx) -> Result<()> {
         let Self {
             snapshot, writes, ..

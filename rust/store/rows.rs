@@ -9,9 +9,10 @@
 //! cached one costs a few microseconds); PostgreSQL, where every statement is a round trip,
 //! sends a whole set as one JSON array per kind (`store::postgres::rows`).
 //!
-//! Every write checks how many rows it changed: the judge decided over a snapshot read under
-//! the runs' locks, so a row that does not change is a broken invariant, and the transaction
-//! fails rather than commit half a judgment.
+//! Every write checks how many rows it changed, and fails the transaction rather than commit
+//! half a judgment. Under the runs' locks since the read, a row that does not change is a
+//! broken invariant; written without them (PostgreSQL's first try, `Tx::lock_run_at_write`),
+//! it means another writer changed the row after the read, and the call is judged again.
 
 use crate::params;
 use crate::store::{sql, DbError, DbErrorKind, DbResult, Row, Sql, ToSql, Tx};

@@ -85,7 +85,8 @@ pub const LOCK_RUN_AS_READ: Sql = Sql::native(LOCK_RUN_AS_READ_SQL);
 // plus finish.
 
 /// Which of a judgment's finishes name a still-running attempt, with the attempt's step and
-/// phase for the event (`store::rows::Part::Running`; the runs' row locks are held).
+/// phase for the event (`store::rows::Part::Running`; read with or without the runs' locks, see
+/// `Tx::lock_run_at_write`).
 pub const RUNNING_ATTEMPTS_SQL: &str =
     "SELECT a.run_id, a.unit_id, a.attempt, a.dispatch_id, a.step_id, a.phase
     FROM json_to_recordset(CAST(?1 AS TEXT)::json)

@@ -3,7 +3,8 @@
 //! one writer. A measurement, printed, not asserted (speed is asserted nowhere in the tests):
 //! run it by hand, `cargo test --release -- --ignored --nocapture writer_curve`
 //! (`FP_CURVE_THREADS=n` runs the threads part for n only; `FP_CURVE_SKIP=1` skips the
-//! batches and groups, so that a profiler run over the process sees only the threads).
+//! batches and groups, so that a profiler run over the process sees only the threads;
+//! `FP_CURVE_FILL=1` turns on the wait for groups to fill, `writer::Config::fill`).
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -109,7 +110,9 @@ fn writer_curve() {
     for run in ["b16", "b256", "g16", "t1", "t4", "t16", "t64"] {
         started(store.as_mut(), run);
     }
-    let writer = Arc::new(Writer::new(store, Config::new(true, 5000, false)));
+    let mut cfg = Config::new(true, 5000, false);
+    cfg.fill = std::env::var("FP_CURVE_FILL").is_ok();
+    let writer = Arc::new(Writer::new(store, cfg));
     if std::env::var("FP_CURVE_SKIP").is_err() {
         batches(&writer, 16);
         batches(&writer, 256);

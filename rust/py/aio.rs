@@ -17,7 +17,7 @@
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use pyo3::exceptions::PyRuntimeError;
@@ -28,7 +28,7 @@ use pyo3::types::{PyBool, PyList, PyTuple};
 use crate::errors::Result;
 use crate::py::args;
 use crate::py::errors::to_pyerr;
-use crate::writer::{AsyncReply, Delivery, Op, Output, Settling, Writer};
+use crate::writer::{AsyncReply, Delivery, Op, Output, Writer};
 
 /// How a method turns its operation's output into its Python result.
 pub type Build = for<'py> fn(Python<'py>, Output) -> PyResult<Bound<'py, PyAny>>;
@@ -39,26 +39,28 @@ pub struct PyReply {
     future: Py<PyAny>,
     event_loop: Py<PyAny>,
     build: Build,
-    settling: Arc<Settling>,
+    /// The writer to tell when the loop has run the callers this answer wakes; weak, so an
+    /// answer kept by a loop never keeps a closed ledger's writer alive.
+    writer: Weak<Writer>,
 }
 
-/// Called on a loop after the callers its delivery woke have run (see [`Settling`]); settles
+/// Called on a loop after the callers its delivery woke have run ([`Writer::settle`]); settles
 /// the delivery when dropped uncalled too (a loop closed first), so the writer never waits for
 /// it.
 #[pyclass(module = "fencepost._core")]
 pub struct Settled {
-    settling: std::sync::Mutex<Option<Arc<Settling>>>,
+    writer: std::sync::Mutex<Option<Weak<Writer>>>,
 }
 
 impl Settled {
     fn fire(&self) {
         let taken = self
-            .settling
+            .writer
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
-        if let Some(s) = taken {
-            s.settle();
+        if let Some(writer) = taken.and_then(|w| w.upgrade()) {
+            writer.settle();
         }
     }
 }
@@ -101,7 +103,7 @@ pub fn submit(
         future: future.clone().unbind(),
         event_loop: event_loop.unbind(),
         build,
-        settling: writer.settling(),
+        writer: Arc::downgrade(writer),
     };
     writer
         .submit_async(op, Box::new(reply))
@@ -207,15 +209,15 @@ fn resolve(py: Python<'_>, answers: Vec<(Box<PyReply>, Result<Output>)>) {
     };
     // Few loops per group (usually one): a linear search beats hashing Python objects.
     let mut loops: Vec<(Py<PyAny>, Vec<Bound<'_, PyTuple>>)> = Vec::new();
-    let mut settling = None;
+    let mut writer = None;
     for (reply, out) in answers {
         let PyReply {
             future,
             event_loop,
             build,
-            settling: s,
+            writer: w,
         } = *reply;
-        settling.get_or_insert(s);
+        writer.get_or_insert(w);
         let built = out
             .map_err(|e| to_pyerr(py, e))
             .and_then(|out| build(py, out));
@@ -243,10 +245,10 @@ fn resolve(py: Python<'_>, answers: Vec<(Box<PyReply>, Result<Output>)>) {
         }
     }
     for (event_loop, items) in loops {
-        let settled = settling.as_ref().map(|s| {
-            s.expect();
+        let settled = writer.as_ref().and_then(Weak::upgrade).map(|w| {
+            w.expect_settle();
             Settled {
-                settling: std::sync::Mutex::new(Some(Arc::clone(s))),
+                writer: std::sync::Mutex::new(Some(Arc::downgrade(&w))),
             }
         });
         let sent = PyList::new(py, items).and_then(|items| {

@@ -18,9 +18,9 @@
 //! An asynchronous call (`submit_async`) queues with an [`AsyncReply`] instead of a waiting
 //! thread and returns at once; its caller never leads. When such a call is at the front and
 //! no one leads, the writer's helper thread (started with the first asynchronous call) leads
-//! in its place. Under [`Config::fill`], after a group of asynchronous calls the helper waits
-//! (at most `SETTLE_LIMIT`) until the callers it answered have run and made their next calls
-//! ([`Settling`]), or until as many calls as the group had are queued anyway (measured on
+//! in its place. Under [`Config::fill`], after a group of asynchronous calls the same wait
+//! also ends once the event loops have run the callers it answered up to their next calls
+//! ([`Writer::settle`]), and may last up to `SETTLE_LIMIT` (measured on
 //! PostgreSQL with 10 coroutines on one Ledger: groups of 5 calls without the wait, 10 with
 //! it, 3 000 -> 4 300 units/s). The replies of one group are delivered together, after the
 //! commit, with no lock of the writer held: a reply may need a lock of its own (the GIL), and a
@@ -133,52 +133,6 @@ pub trait AsyncReply: Any + Send {
 /// An asynchronous call's reply and its outcome.
 pub type Delivery = (Box<dyn AsyncReply>, Result<Output>);
 
-/// Deliveries whose callers have not resumed yet: each is counted when it is handed to its
-/// callers' side (an event loop) and settled once the callers it woke have run up to their next
-/// wait, so that the calls they make next have been queued.
-#[derive(Debug, Default)]
-pub struct Settling {
-    pending: Mutex<u32>,
-    settled: Condvar,
-}
-
-impl Settling {
-    /// A delivery was handed over; [`Settling::settle`] follows exactly once.
-    pub fn expect(&self) {
-        *lock(&self.pending) += 1;
-    }
-
-    /// A delivery's callers have run.
-    pub fn settle(&self) {
-        let mut n = lock(&self.pending);
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            self.settled.notify_all();
-        }
-    }
-
-    /// Wait until every delivery handed over has settled, `filled` says enough calls are
-    /// queued (looked at every [`FILL_POLL`]), or `limit` passed.
-    fn wait(&self, limit: Duration, filled: impl Fn() -> bool) {
-        let deadline = Instant::now() + limit;
-        loop {
-            if filled() {
-                return;
-            }
-            let n = lock(&self.pending);
-            let left = deadline.saturating_duration_since(Instant::now());
-            if *n == 0 || left.is_zero() {
-                return;
-            }
-            drop(
-                self.settled
-                    .wait_timeout(n, left.min(FILL_POLL))
-                    .unwrap_or_else(PoisonError::into_inner),
-            );
-        }
-    }
-}
-
 /// How a queued call's caller is answered.
 enum Reply {
     /// A thread waits (and may be asked to lead).
@@ -207,6 +161,10 @@ struct Queue {
     helper: Option<JoinHandle<()>>,
     /// A leader waits for this many calls to be queued (0: none waits); see `Writer::fill`.
     want: usize,
+    /// When the last group's answers went to their callers' side (event loops): how many of
+    /// those deliveries have callers that have not yet run up to their next calls (see
+    /// `Writer::settle`). `None`: the last group delivered nothing so.
+    unsettled: Option<u32>,
 }
 
 /// A ledger's store and the queue of calls that write to it.
@@ -218,7 +176,8 @@ pub struct Writer {
     idle: Condvar,
     /// Signalled when the helper should lead, or may stop.
     helper: Condvar,
-    /// Signalled when as many calls are queued as a waiting leader wants.
+    /// Signalled when as many calls are queued as a waiting leader wants, or when the callers
+    /// of every delivery have run.
     filled: Condvar,
     /// The last group's calls and the time it held the store, in ns (see `Writer::fill`).
     last_calls: AtomicU64,
@@ -226,13 +185,9 @@ pub struct Writer {
     store: Mutex<Option<Box<dyn Store>>>,
     cfg: Config,
     stats: Stats,
-    settling: Arc<Settling>,
 }
 
-/// How often the helper, waiting for its last group's callers, looks whether the queue has
-/// filled meanwhile (by other callers).
-const FILL_POLL: Duration = Duration::from_micros(50);
-/// The longest the helper waits for its last group's callers to call again: a loop that does
+/// The longest a leader waits for the callers of a delivery to call again: a loop that does
 /// not get round to them by then (busy with work of its own) does not hold the store idle.
 const SETTLE_LIMIT: Duration = Duration::from_millis(2);
 /// The longest a leader waits for the queue to fill, as a share (in percent) of the time the
@@ -307,13 +262,28 @@ impl Writer {
             store: Mutex::new(Some(store)),
             cfg,
             stats: Stats::default(),
-            settling: Arc::new(Settling::default()),
         }
     }
 
-    /// The count of deliveries whose callers have not resumed yet (see [`Settling`]).
-    pub fn settling(&self) -> Arc<Settling> {
-        Arc::clone(&self.settling)
+    /// A group's answers were handed to their callers' side (an event loop);
+    /// [`Writer::settle`] follows exactly once, when those callers have run up to their next
+    /// wait, so that the calls they make next are queued.
+    pub fn expect_settle(&self) {
+        let mut q = lock(&self.queue);
+        q.unsettled = Some(q.unsettled.unwrap_or(0) + 1);
+    }
+
+    /// The callers of a delivery have run (see [`Writer::expect_settle`]).
+    pub fn settle(&self) {
+        let mut q = lock(&self.queue);
+        // A settle from a group before the last one may land here too: it only ends a wait
+        // early.
+        if let Some(n) = q.unsettled.as_mut() {
+            *n = n.saturating_sub(1);
+            if *n == 0 && q.want > 0 {
+                self.filled.notify_one();
+            }
+        }
     }
 
     /// Whether `close` was called.
@@ -435,15 +405,7 @@ impl Writer {
             if q.helper_wanted {
                 q.helper_wanted = false;
                 drop(q);
-                let n = self.lead();
-                // Its callers call again as soon as they are answered; wait for them (or for
-                // as many other calls) rather than run a group of the few that came first.
-                if self.cfg.fill {
-                    self.settling.wait(SETTLE_LIMIT, || {
-                        let q = lock(&self.queue);
-                        q.closed || q.pending.len() >= n
-                    });
-                }
+                self.lead();
                 q = lock(&self.queue);
             } else if q.closed && !q.leading {
                 return;
@@ -453,9 +415,8 @@ impl Writer {
         }
     }
 
-    /// Run one group from the front of the queue, hand the lead on, answer the group; how many
-    /// calls it had.
-    fn lead(&self) -> usize {
+    /// Run one group from the front of the queue, hand the lead on, answer the group.
+    fn lead(&self) {
         self.fill();
         let group = self.take_group();
         self.not_full.notify_all();
@@ -511,8 +472,7 @@ impl Writer {
         self.stats.groups.fetch_add(1, Ordering::Relaxed);
         self.stats.calls.fetch_add(n, Ordering::Relaxed);
         self.stats.max_group.fetch_max(n, Ordering::Relaxed);
-        let calls = group.len();
-        self.last_calls.store(calls as u64, Ordering::Relaxed);
+        self.last_calls.store(n, Ordering::Relaxed);
         let mut batch = Vec::new();
         for (entry, out) in group.into_iter().zip(outs) {
             match entry.reply {
@@ -521,24 +481,29 @@ impl Writer {
             }
         }
         deliver(batch);
-        calls
     }
 
     /// Before taking a group: when the last group had several calls and fewer are queued now,
     /// wait until as many are (or the queue closes), for at most a fraction of what the last
     /// group held the store. A caller answered by the last group calls again at once, but only
     /// after its answer, which comes after the commit: without the wait the next group holds
-    /// only those answered by the group before it.
+    /// only those answered by the group before it. When that group's answers went to event
+    /// loops, the wait also ends once every loop has run its callers (they have made whatever
+    /// calls they will make), and may last up to `SETTLE_LIMIT`: a loop's turn does not scale
+    /// with the group's time.
     fn fill(&self) {
         let n = usize::try_from(self.last_calls.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
         if !self.cfg.fill || n < 2 {
             return;
         }
         let held = self.last_hold_ns.load(Ordering::Relaxed);
-        let limit = Duration::from_nanos(held.saturating_mul(FILL_SHARE) / 100);
-        let deadline = Instant::now() + limit;
+        let mut limit = Duration::from_nanos(held.saturating_mul(FILL_SHARE) / 100);
         let mut q = lock(&self.queue);
-        while !q.closed && q.pending.len() < n {
+        if q.unsettled.is_some() {
+            limit = limit.max(SETTLE_LIMIT);
+        }
+        let deadline = Instant::now() + limit;
+        while !q.closed && q.pending.len() < n && q.unsettled != Some(0) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -556,6 +521,8 @@ impl Writer {
     /// The calls at the front: at least one, up to the count and weight caps.
     fn take_group(&self) -> Vec<Entry> {
         let mut q = lock(&self.queue);
+        // Set again if this group's answers go to event loops (`Writer::expect_settle`).
+        q.unsettled = None;
         let mut group = Vec::new();
         let mut weight = 0;
         while let Some(front) = q.pending.front() {

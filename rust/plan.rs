@@ -101,6 +101,8 @@ pub(crate) struct Judgment<'a> {
     writes: Writes<'a>,
     /// Where each reclaimed attempt's row is in `writes.reclaims`, to fold later reclaims in.
     reclaimed: HashMap<(&'a str, &'a str, i64), usize>,
+    /// Some run's lock waits for the write, which then needs what the rows depend on as read.
+    late: bool,
 }
 
 impl<'a> Judgment<'a> {
@@ -113,8 +115,9 @@ impl<'a> Judgment<'a> {
         } = keys;
         locks.sort_unstable();
         locks.dedup();
+        let mut late = false;
         for run in locks {
-            tx.lock_run_at_write(run)?;
+            late |= tx.lock_run_at_write(run)?;
         }
         keys.settle();
         let mut snapshot = Snapshot::default();
@@ -158,6 +161,7 @@ impl<'a> Judgment<'a> {
             snapshot,
             writes: Writes::default(),
             reclaimed: HashMap::new(),
+            late,
         })
     }
 
@@ -165,12 +169,18 @@ impl<'a> Judgment<'a> {
     /// (for a write that checks it first; see [`Tx::lock_run_at_write`]).
     pub(crate) fn write(self, tx: &dyn Tx) -> Result<()> {
         let Self {
-            snapshot, writes, ..
+            snapshot,
+            writes,
+            late,
+            ..
         } = self;
         if writes.is_empty() {
             return Ok(());
         }
         let mut writes: Writes<'_> = writes;
+        if !late {
+            return tx.write_rows(&writes).map_err(|e| tx.fail(&e));
+        }
         writes.read = depends(&writes)
             .into_iter()
             .map(|(run_id, (active, fenced))| RunRead {

@@ -46,7 +46,7 @@ impl Tx for Meddle<'_> {
     fn lock_run(&self, run_id: &str) -> Result<()> {
         self.inner.lock_run(run_id)
     }
-    fn lock_run_at_write(&self, run_id: &str) -> Result<()> {
+    fn lock_run_at_write(&self, run_id: &str) -> Result<bool> {
         self.inner.lock_run_at_write(run_id)
     }
     fn mark_run_locked(&self, run_id: &str) -> Result<()> {

@@ -421,9 +421,10 @@ pub trait Tx {
     /// PostgreSQL, on a transaction's first try, takes it with those writes instead, checking
     /// in the same round trip that every run is as read and every row still as judged: a run's
     /// lock is then held for the write alone, and a write that finds a change fails the try,
-    /// which runs again with the locks taken here.
-    fn lock_run_at_write(&self, run_id: &str) -> Result<()> {
-        self.lock_run(run_id)
+    /// which runs again with the locks taken here. Whether the lock waits for the write (so
+    /// the write needs the runs as read).
+    fn lock_run_at_write(&self, run_id: &str) -> Result<bool> {
+        self.lock_run(run_id).map(|()| false)
     }
     /// Record the run's row lock as held: a statement of this transaction already took it (a
     /// `FOR UPDATE` read), so [`Tx::lock_run`] need not send another. Whatever else the first

@@ -394,17 +394,18 @@ impl crate::store::Tx for Tx<'_> {
 
     /// On the first try, only noted: [`Tx::write_rows`] takes the lock. Otherwise, and for a
     /// run already locked, [`Tx::lock_run`].
-    fn lock_run_at_write(&self, run_id: &str) -> Result<()> {
+    fn lock_run_at_write(&self, run_id: &str) -> Result<bool> {
         if !self.optimistic {
-            return crate::store::Tx::lock_run(self, run_id);
+            return crate::store::Tx::lock_run(self, run_id).map(|()| false);
         }
-        if !self.locked.borrow().iter().any(|r| r == run_id) {
-            let mut late = self.late.borrow_mut();
-            if !late.iter().any(|r| r == run_id) {
-                late.push(run_id.to_owned());
-            }
+        if self.locked.borrow().iter().any(|r| r == run_id) {
+            return Ok(false);
         }
-        Ok(())
+        let mut late = self.late.borrow_mut();
+        if !late.iter().any(|r| r == run_id) {
+            late.push(run_id.to_owned());
+        }
+        Ok(true)
     }
 
     /// A part with several keys is read by one set statement; all parts in one round trip.

@@ -37,7 +37,7 @@ fn finishing(run: &str, out: Output) -> Op {
 }
 
 /// One thread: batches of `size` units, a reserve call and a finish call each.
-fn batches(writer: &Writer, size: u32) {
+fn batches(writer: &Arc<Writer>, size: u32) {
     let run = format!("b{size}");
     let since = Instant::now();
     for b in 0..UNITS / size {

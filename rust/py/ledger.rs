@@ -147,7 +147,8 @@ impl PyLedger {
         self.check_process(py)
     }
 
-    /// The writer's counts since open: `groups`, `calls`, `max_group`, `fallbacks`, and the
+    /// The writer's counts since open: `groups`, `calls`, `max_group`, `fallbacks`,
+    /// `helper_groups` (groups led by the writer's thread), and the
     /// time groups spent in their transaction (on PostgreSQL including waits for run locks
     /// other sessions hold), `hold_us_total` and `hold_us_max`.
     fn group_stats(

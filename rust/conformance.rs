@@ -105,6 +105,9 @@ fn queued(run_id: &str) -> NewQueuedRun {
         runner_id: "host-a".into(),
         origin_session_id: "session-1".into(),
         parent_run_id: None,
+        not_before: crate::queue::NotBefore::Now,
+        priority: 0,
+        concurrency_key: None,
     }
 }
 

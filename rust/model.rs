@@ -41,6 +41,12 @@ pub struct Run {
     pub updated_at: i64,
     /// Set once terminal.
     pub completed_at: Option<i64>,
+    /// When a queued run may first be claimed by `claim_next` (`None`: as soon as queued).
+    pub not_before: Option<i64>,
+    /// Claim order: higher first (-1000..=1000; 0 unless `reserve_run` said otherwise).
+    pub priority: i64,
+    /// What the run counts against while it holds a live lease (see `concurrency_limits`).
+    pub concurrency_key: Option<String>,
 }
 
 /// One step of a run.

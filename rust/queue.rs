@@ -20,7 +20,8 @@ use crate::model::{Claim, Lease, Run};
 use crate::runs;
 use crate::status::RunStatus;
 use crate::store::rows::Writes;
-use crate::store::{sql, Store, Tx};
+use crate::store::{sql, DbResult, Row, Store, Tx};
+use std::collections::{BTreeSet, HashMap};
 
 /// `reserve_run`'s arguments, canonicalized before the transaction.
 #[derive(Debug, Clone)]
@@ -47,6 +48,55 @@ pub struct NewQueuedRun {
     pub origin_session_id: String,
     /// The run this one continues.
     pub parent_run_id: Option<String>,
+    /// When `claim_next` may first hand the run out.
+    pub not_before: NotBefore,
+    /// Claim order, higher first: [`MIN_PRIORITY`]..=[`MAX_PRIORITY`].
+    pub priority: i64,
+    /// What the run counts against while it holds a live lease, if a limit is set for it.
+    pub concurrency_key: Option<String>,
+}
+
+/// The lowest priority a queued run may have.
+pub const MIN_PRIORITY: i64 = -1000;
+/// The highest priority a queued run may have.
+pub const MAX_PRIORITY: i64 = 1000;
+
+/// When a queued run may first be claimed by `claim_next`: at once, at an instant, or a delay
+/// after it is queued, read against the ledger's clock inside the transaction that queues it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NotBefore {
+    /// As soon as it is queued.
+    #[default]
+    Now,
+    /// At this instant (ms since the epoch); one already past is due at once and orders by it.
+    At(i64),
+    /// This many ms after it is queued (not negative).
+    After(i64),
+}
+
+impl NotBefore {
+    /// Refuse a negative delay: it names no time the caller could have meant.
+    pub fn check(self) -> Result<()> {
+        match self {
+            Self::After(ms) if ms < 0 => Err(LedgerError::invalid(
+                "not_before",
+                format!(
+                    "is a negative timedelta ({ms} ms); pass a delay of zero or more, or an \
+                     aware datetime"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The instant, for a run queued at `now_ms` (`None`: due as soon as it is queued).
+    pub fn at(self, now_ms: i64) -> Option<i64> {
+        match self {
+            Self::Now => None,
+            Self::At(ms) => Some(ms),
+            Self::After(ms) => Some(now_ms.saturating_add(ms)),
+        }
+    }
 }
 
 impl NewQueuedRun {
@@ -65,6 +115,19 @@ impl NewQueuedRun {
                     "a run cannot continue itself",
                 ));
             }
+        }
+        self.not_before.check()?;
+        if !(MIN_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
+            return Err(LedgerError::invalid(
+                "priority",
+                format!(
+                    "is {}; priorities run from {MIN_PRIORITY} to {MAX_PRIORITY}, higher first",
+                    self.priority
+                ),
+            ));
+        }
+        if let Some(key) = &self.concurrency_key {
+            check_key(key)?;
         }
         if self.definition_digest != self.definition.digest {
             return Err(LedgerError::invalid(
@@ -145,6 +208,39 @@ fn continue_parent(tx: &dyn Tx, req: &NewQueuedRun, parent: &str, now_ms: i64) -
     Ok(())
 }
 
+/// The lane a run is queued in (see `0008_schedule.sql`): `later` until it is due, then
+/// `paused` while its workflow is, `keyed` while its key has a limit, else `due`. `claim_next`
+/// moves runs out of `later` by the same rule ([`sql::PROMOTE_DUE_SQL`]).
+fn lane(
+    tx: &dyn Tx,
+    req: &NewQueuedRun,
+    not_before: Option<i64>,
+    now_ms: i64,
+) -> Result<&'static str> {
+    if not_before.is_some_and(|at| at > now_ms) {
+        return Ok("later");
+    }
+    if tx
+        .row(
+            &sql::WORKFLOW_PAUSED_SQL,
+            params![&req.workflow_name],
+            |_| Ok(()),
+        )?
+        .is_some()
+    {
+        return Ok("paused");
+    }
+    if let Some(key) = &req.concurrency_key {
+        if tx
+            .row(&sql::KEY_LIMITED_SQL, params![key], |_| Ok(()))?
+            .is_some()
+        {
+            return Ok("keyed");
+        }
+    }
+    Ok("due")
+}
+
 /// The body of `reserve_run`, inside the caller's transaction.
 fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
     if tx
@@ -174,6 +270,8 @@ fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
         &sql::DEFINITION_INSERT_SQL,
         params![req.definition.digest, req.workflow_name, now_ms],
     )?;
+    let not_before = req.not_before.at(now_ms);
+    let lane = lane(tx, req, not_before, now_ms)?;
     tx.exec_later(
         &sql::RESERVE_RUN_INSERT_SQL,
         params![
@@ -187,11 +285,16 @@ fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
             req.parent_run_id,
             req.origin_session_id,
             req.runner_id,
-            now_ms
+            now_ms,
+            not_before,
+            req.priority,
+            req.concurrency_key,
+            not_before.unwrap_or(now_ms),
+            lane
         ],
     )?;
     tx.exec_later(&sql::CREATE_LEASE_SQL, params![&req.run_id])?;
-    let payload = Value::Object(vec![
+    let mut payload = vec![
         (
             "definition_digest".into(),
             Value::Str(req.definition.digest.clone()),
@@ -200,7 +303,18 @@ fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
             "status".into(),
             Value::Str(RunStatus::Queued.as_str().into()),
         ),
-    ]);
+    ];
+    // The scheduling a run was queued with, where it differs from the default.
+    if let Some(at) = not_before {
+        payload.push(("not_before".into(), Value::Int(at)));
+    }
+    if req.priority != 0 {
+        payload.push(("priority".into(), Value::Int(req.priority)));
+    }
+    if let Some(key) = &req.concurrency_key {
+        payload.push(("concurrency_key".into(), Value::Str(key.clone())));
+    }
+    let payload = Value::Object(payload);
     let actor = Actor {
         actor_type: Some("session"),
         id: Some(req.origin_session_id.clone()),
@@ -323,13 +437,14 @@ pub struct NextClaims {
     pub token: Option<String>,
 }
 
-/// Claim the oldest queued runs (`created_at`, then `run_id`), at most `limit`, each as
-/// [`leases::claim`] does (generation + 1, `starting`, a `lease.claimed` event), in one
-/// transaction. On PostgreSQL the queued runs are read with `FOR UPDATE SKIP LOCKED` from the
-/// index of queued runs alone, so two claimers never wait on each other's runs (each takes the
-/// next ones nobody holds) and the read costs the same however many runs have ended; SQLite has
-/// one writer, so the same read simply finds what the last claimer left. Empty when nothing is
-/// queued.
+/// Claim the next due queued runs (priority, highest first, then due time: `not_before`, else
+/// the time it was queued; then `run_id`), at most `limit`, each as [`leases::claim`] does
+/// (generation + 1, `starting`, a `lease.claimed` event), in one transaction. Runs not yet due
+/// and runs of paused workflows are passed over without being read (see `0008_schedule.sql`).
+/// On PostgreSQL the due runs are read with `FOR UPDATE SKIP LOCKED` from their lane's index
+/// alone, so two claimers never wait on each other's runs (each takes the next ones nobody
+/// holds) and the read costs the same however many runs have ended or wait; SQLite has one
+/// writer, so the same read simply finds what the last claimer left. Empty when nothing is due.
 pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Result<Vec<Claim>> {
     if !(1..=MAX_NEXT).contains(&req.limit) {
         return Err(LedgerError::invalid(
@@ -361,28 +476,46 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
     )?;
     let names = req.workflow_names.as_deref().map(events::json_array);
     store.write("claiming the next queued runs", |tx| {
-        let found: Vec<(String, Option<Lease>)> =
-            tx.rows(&sql::NEXT_QUEUED_SQL, params![names, req.limit], |r| {
-                let run_id: String = r.get(0)?;
-                let lease = match r.get::<Option<i64>>(1)? {
-                    Some(generation) => Some(Lease {
-                        run_id: run_id.clone(),
-                        generation,
-                        owner_id: r.get(2)?,
-                        owner_type: None,
-                        expires_at: r.get(3)?,
-                        heartbeat_at: None,
-                        takeovers: 0,
-                        refused_writes: 0,
-                    }),
-                    None => None,
-                };
-                Ok((run_id, lease))
-            })?;
-        let mut decided = Vec::with_capacity(found.len());
-        for (i, (run_id, lease)) in found.into_iter().enumerate() {
+        // Runs that have come due join their lane first, so this claim already sees them; sent
+        // with the read (no answer is needed).
+        tx.exec_later(&sql::PROMOTE_DUE_SQL, params![now_ms])?;
+        // Both lanes in one round trip.
+        let mut found = Vec::new();
+        tx.query_many(
+            &[
+                (&sql::NEXT_QUEUED_SQL, params![names, req.limit]),
+                (&sql::NEXT_KEYED_SQL, params![names, req.limit]),
+            ],
+            &mut |_, r| {
+                found.push(candidate(r)?);
+                Ok(())
+            },
+        )
+        .map_err(|e| tx.fail(&e))?;
+        // One order over both lanes: priority (higher first), due time, run id (bytewise).
+        found.sort_by(|a, b| {
+            (b.priority, a.due_at, a.run_id.as_bytes()).cmp(&(
+                a.priority,
+                b.due_at,
+                b.run_id.as_bytes(),
+            ))
+        });
+        let mut room = key_room(tx, &found, now_ms)?;
+        let mut decided = Vec::new();
+        for found in found {
+            if i64::try_from(decided.len()).is_ok_and(|n| n == req.limit) {
+                break;
+            }
+            // A key without room passes its run over; this call's own claims count against
+            // it. A key whose limit was removed meanwhile has none to count against.
+            if let Some(left) = found.key.as_ref().and_then(|k| room.get_mut(k)) {
+                if *left <= 0 {
+                    continue;
+                }
+                *left -= 1;
+            }
             let drawn;
-            let spec = if i == 0 {
+            let spec = if decided.is_empty() {
                 &first
             } else {
                 drawn = ClaimSpec::new(req.runner_id.clone(), req.lease_ms, None, "token")?;
@@ -392,8 +525,8 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
             // read its lease, current (see `NEXT_QUEUED_SQL`), so the claim is decided here
             // and written with the others at the end. A queued run without a lease row gets
             // one, never claimed.
-            tx.mark_run_locked(&run_id)?;
-            let lease = leases::or_created(tx, &run_id, lease)?;
+            tx.mark_run_locked(&found.run_id)?;
+            let lease = leases::or_created(tx, &found.run_id, found.lease)?;
             decided.extend(leases::decide(&lease, RunStatus::Queued, spec, now_ms)?);
         }
         let writes = Writes {
@@ -404,4 +537,136 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
         let claims: Vec<Claim> = decided.into_iter().map(|d| d.claim).collect();
         Ok(claims)
     })
+}
+
+/// A queued run `claim_next` may take: a row of [`sql::NEXT_QUEUED_SQL`] or
+/// [`sql::NEXT_KEYED_SQL`].
+struct Candidate {
+    run_id: String,
+    lease: Option<Lease>,
+    priority: i64,
+    due_at: i64,
+    /// Set for a run of the keyed lane: the key whose room it takes.
+    key: Option<String>,
+}
+
+fn candidate(r: &dyn Row) -> DbResult<Candidate> {
+    let run_id: String = r.get(0)?;
+    let lease = match r.get::<Option<i64>>(1)? {
+        Some(generation) => Some(Lease {
+            run_id: run_id.clone(),
+            generation,
+            owner_id: r.get(2)?,
+            owner_type: None,
+            expires_at: r.get(3)?,
+            heartbeat_at: None,
+            takeovers: 0,
+            refused_writes: 0,
+        }),
+        None => None,
+    };
+    Ok(Candidate {
+        run_id,
+        lease,
+        priority: r.get(4)?,
+        due_at: r.get(5)?,
+        key: r.get(6)?,
+    })
+}
+
+/// The room of each key among `found`, counted with the keys' limits locked (see
+/// [`sql::LOCK_KEYS_SQL`]): the lock is sent with the count, whose snapshot then follows it.
+fn key_room(tx: &dyn Tx, found: &[Candidate], now_ms: i64) -> Result<HashMap<String, i64>> {
+    let keys: BTreeSet<&String> = found.iter().filter_map(|f| f.key.as_ref()).collect();
+    if keys.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let keys = events::json_array(&keys.into_iter().cloned().collect::<Vec<_>>());
+    tx.exec_later(&sql::LOCK_KEYS_SQL, params![keys])?;
+    let rows = tx.rows(&sql::KEY_ROOM_SQL, params![keys, now_ms], |r| {
+        Ok((r.get::<String>(0)?, r.get::<i64>(1)?))
+    })?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Set the limit of live leases for runs with `concurrency_key` (`None` removes it), and move
+/// the key's queued runs into the lane that says so. A limit counts live leases of runs that
+/// have left the queue and not ended; lowering it below what the key holds takes no lease
+/// away, it only stops new claims until the key is under it again. Applies to the claims that
+/// start after it commits.
+pub fn set_concurrency_limit(
+    store: &mut dyn Store,
+    concurrency_key: &str,
+    limit: Option<i64>,
+    now_ms: i64,
+) -> Result<()> {
+    check_key(concurrency_key)?;
+    if let Some(n) = limit {
+        if n < 0 {
+            return Err(LedgerError::invalid(
+                "limit",
+                format!(
+                    "is {n}; a limit is 0 or more live leases (0 holds the key's runs), or \
+                     None to remove it"
+                ),
+            ));
+        }
+    }
+    store.write("setting a concurrency limit", |tx| {
+        if let Some(n) = limit {
+            tx.exec(&sql::LIMIT_SET_SQL, params![concurrency_key, n, now_ms])?;
+            tx.exec(&sql::KEY_LANE_SQL, params![concurrency_key, "due", "keyed"])?;
+        } else {
+            tx.exec(&sql::LIMIT_REMOVE_SQL, params![concurrency_key])?;
+            tx.exec(&sql::KEY_LANE_SQL, params![concurrency_key, "keyed", "due"])?;
+        }
+        Ok(())
+    })
+}
+
+/// Every key's limit.
+pub fn concurrency_limits(store: &mut dyn Store) -> Result<Vec<(String, i64)>> {
+    store.read("reading the concurrency limits", |tx| {
+        tx.rows(&sql::LIMITS_SQL, params![], |r| Ok((r.get(0)?, r.get(1)?)))
+    })
+}
+
+/// Stop `claim_next` handing out runs of `workflow_name` (queued ones and those queued later;
+/// claims already taken stand). Pausing a paused workflow, or one with no runs, is allowed.
+pub fn pause_workflow(store: &mut dyn Store, workflow_name: &str, now_ms: i64) -> Result<()> {
+    check_name("workflow_name", workflow_name)?;
+    store.write("pausing a workflow", |tx| {
+        tx.exec(&sql::PAUSE_SQL, params![workflow_name, now_ms])?;
+        tx.exec(&sql::PAUSE_LANE_SQL, params![workflow_name])?;
+        Ok(())
+    })
+}
+
+/// Let `claim_next` hand out runs of `workflow_name` again; a workflow not paused is left as
+/// it is.
+pub fn resume_workflow(store: &mut dyn Store, workflow_name: &str) -> Result<()> {
+    check_name("workflow_name", workflow_name)?;
+    store.write("resuming a workflow", |tx| {
+        tx.exec(&sql::RESUME_SQL, params![workflow_name])?;
+        tx.exec(&sql::RESUME_LANE_SQL, params![workflow_name])?;
+        Ok(())
+    })
+}
+
+/// The paused workflows, by name.
+pub fn paused_workflows(store: &mut dyn Store) -> Result<Vec<String>> {
+    store.read("reading the paused workflows", |tx| {
+        tx.rows(&sql::PAUSED_SQL, params![], |r| r.get(0))
+    })
+}
+
+/// A concurrency key: not empty (the text checks, NUL and length, are the argument's).
+fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(LedgerError::invalid(
+            "concurrency_key",
+            "is empty; pass a key (a tenant, a model, a repository) or None",
+        ));
+    }
+    Ok(())
 }

@@ -455,6 +455,7 @@ def test_the_fence_counts_and_trace_context_travel_and_older_archives_restore(
     header = lines[0]
     assert header["tables"]["leases"][-2:] == ["takeovers", "refused_writes"]
     assert header["tables"]["attempts"][-1] == "trace_context"
+    assert header["tables"]["runs"][-3:] == ["not_before", "priority", "concurrency_key"]
     # The same archive as a library before schema 6 wrote it.
     old = [dict(line) for line in lines]
     old[0] = {
@@ -463,11 +464,13 @@ def test_the_fence_counts_and_trace_context_travel_and_older_archives_restore(
             **header["tables"],
             "leases": header["tables"]["leases"][:-2],
             "attempts": header["tables"]["attempts"][:-1],
+            "runs": header["tables"]["runs"][:-3],
         },
     }
     for line in old[1:-1]:
         line["leases"] = [row[:-2] for row in line["leases"]]
         line["attempts"] = [row[:-1] for row in line["attempts"]]
+        line["runs"] = [row[:-3] for row in line["runs"]]
     (tmp_path / "old.jsonl").write_text("".join(json.dumps(x) + "\n" for x in old))
 
     with fp.Ledger.open(target, clock=clock) as ledger:
@@ -483,7 +486,7 @@ def test_the_fence_counts_and_trace_context_travel_and_older_archives_restore(
         assert (attempt.status, attempt.trace_context) == ("cancelled", None)
     # A header missing a column that was not added later is still refused.
     worse = [dict(x) for x in old]
-    worse[0] = {**old[0], "tables": {**old[0]["tables"], "runs": header["tables"]["runs"][:-1]}}
+    worse[0] = {**old[0], "tables": {**old[0]["tables"], "runs": old[0]["tables"]["runs"][:-1]}}
     (tmp_path / "bad.jsonl").write_text("".join(json.dumps(x) + "\n" for x in worse))
     with fp.Ledger.open(target, clock=clock) as ledger, pytest.raises(fp.InvalidArgument) as e:
         ledger.restore(tmp_path / "bad.jsonl")

@@ -74,12 +74,13 @@ def test_a_schema_6_ledger_with_events_migrates_and_continues_its_seq(
         )  # fmt: skip
         assert ledger.abandon_run("old")
         newest = ledger.events()[-1].seq
-    # Back to schema 6: 0007's table goes, with its triggers.
+    # Back to schema 6: 0008's columns go, and 0007's table, with its triggers.
     with raw_db(path) as db:
+        db.executescript(UNDO_0008)
         db.execute("DROP TABLE event_seq_floor")
-        db.execute("DELETE FROM schema_migrations WHERE version = 7")
+        db.execute("DELETE FROM schema_migrations WHERE version >= 7")
     with fp.Ledger.open(str(path), clock=clock) as ledger:
-        assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 7
+        assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 8
         ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="new", force=True)
         assert [e.seq for e in ledger.events(after_seq=newest)] == [newest + 1]
         # The old run's tree goes, though it held the newest event; numbering goes on above.
@@ -89,7 +90,7 @@ def test_a_schema_6_ledger_with_events_migrates_and_continues_its_seq(
         assert ledger.prune(older_than=dt.timedelta(0)).runs == 2
         ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="next", force=True)
         assert [e.seq for e in ledger.events()] == [newest + 1]
-    assert applied_migrations(path)[-1] == (7, "seq_floor")
+    assert applied_migrations(path)[-2:] == [(7, "seq_floor"), (8, "schedule")]
     with raw_db(path) as db, pytest.raises(sqlite3.IntegrityError, match="only rises"):
         db.execute("UPDATE event_seq_floor SET seq = 0")
 
@@ -161,6 +162,7 @@ def test_open_creates_the_schema_and_records_the_migration() -> None:
                 (5, "queue"),
                 (6, "fencing"),
                 (7, "seq_floor"),
+                (8, "schedule"),
             ]
             tables = {
                 r[0]
@@ -195,6 +197,22 @@ DROP INDEX runs_prune, runs_definition_ref, runs_params_ref, runs_input_ref,
     runs_launch_options_ref, runs_source_ref, runs_plan_ref, runs_outputs_ref, events_rare_type;
 """
 # What 0005_queue added, taken away again.
+# What 0008_schedule added, taken away again (the same statements on both backends).
+UNDO_0008 = """
+DROP INDEX runs_lane_due;
+DROP INDEX runs_lane_keyed;
+DROP INDEX runs_lane_later;
+DROP INDEX runs_queued_name;
+DROP INDEX runs_queued_key;
+DROP INDEX runs_key_live;
+DROP TABLE concurrency_limits;
+DROP TABLE paused_workflows;
+ALTER TABLE runs DROP COLUMN not_before;
+ALTER TABLE runs DROP COLUMN priority;
+ALTER TABLE runs DROP COLUMN concurrency_key;
+ALTER TABLE runs DROP COLUMN due_at;
+ALTER TABLE runs DROP COLUMN queue_lane;
+"""
 UNDO_0006 = """
 ALTER TABLE leases DROP COLUMN takeovers, DROP COLUMN refused_writes;
 ALTER TABLE attempts DROP COLUMN trace_context;
@@ -228,12 +246,13 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
             conn.execute("DELETE FROM schema_migrations WHERE version >= 2")
             conn.execute("ALTER TABLE attempts RESET (fillfactor)")
             conn.execute("ALTER TABLE units RESET (fillfactor)")
+            conn.execute(UNDO_0008)
             conn.execute(UNDO_0006)
             conn.execute(UNDO_0005)
             conn.execute(UNDO_0004)
             conn.execute(UNDO_0003)
         with fp.Ledger.open(url) as ledger:
-            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 7
+            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 8
             assert ledger.finish_attempt(
                 "old", "u1", res.attempt, res.dispatch_id, status="completed"
             )
@@ -250,6 +269,7 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
                 (5, "queue"),
                 (6, "fencing"),
                 (7, "seq_floor"),
+                (8, "schedule"),
             ]
             options = dict(
                 conn.execute(
@@ -271,13 +291,14 @@ def test_a_sequence_behind_its_events_is_raised_by_the_migration() -> None:
             newest = ledger.events()[-1].seq
         with pg_connect(url) as conn:
             conn.execute("SELECT setval('events_seq_seq', 1, false)")
-            conn.execute("DELETE FROM schema_migrations WHERE version = 7")
+            conn.execute(UNDO_0008)
+            conn.execute("DELETE FROM schema_migrations WHERE version >= 7")
         with fp.Ledger.open(url) as ledger:
-            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 7
+            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 8
             assert ledger.abandon_run("r")
             assert [e.seq for e in ledger.events(after_seq=newest)] == [newest + 1]
         with pg_connect(url) as conn:
-            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (7,)
+            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (8,)
 
 
 def test_reopen_is_a_no_op_and_the_schema_keyword_equals_the_url() -> None:

@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from fencepost import _archive, _core, _observe
 from fencepost.errors import InvalidArgument
@@ -104,6 +104,38 @@ def _after_run(after: object) -> tuple[int, int, str] | None:
             argument="after",
         )
     return to_ms(after.updated_at), to_ms(after.created_at), after.run_id
+
+
+def _not_before(not_before: object) -> tuple[int | None, int | None]:
+    """``(at_ms, after_ms)`` of ``not_before``: an aware datetime is an instant, a timedelta a
+    delay read against the ledger's clock when the run is queued (the core refuses a negative
+    one)."""
+    if not_before is None:
+        return None, None
+    if isinstance(not_before, _dt.datetime):
+        if not_before.utcoffset() is None:
+            raise InvalidArgument(
+                "not_before is a naive datetime, which names no instant; pass an aware one "
+                "(datetime.now(UTC) + timedelta(minutes=5)) or a timedelta",
+                argument="not_before",
+            )
+        return to_ms(not_before), None
+    if isinstance(not_before, _dt.timedelta):
+        return None, not_before // _dt.timedelta(milliseconds=1)
+    raise InvalidArgument(
+        f"not_before must be an aware datetime (an instant) or a timedelta (a delay), not "
+        f"{type(not_before).__name__}",
+        argument="not_before",
+    )
+
+
+def _queued_run(run_id: str, fields: dict[str, Any]) -> _core._QueuedRun:
+    """The core's keywords of ``reserve_run`` and ``prepare_or_adopt``."""
+    at_ms, after_ms = _not_before(fields.pop("not_before"))
+    return cast(
+        "_core._QueuedRun",
+        {"run_id": run_id, **fields, "not_before_ms": at_ms, "not_before_after_ms": after_ms},
+    )
 
 
 def redact_target(target: str) -> str:
@@ -627,25 +659,38 @@ class Ledger:
         runner_id: str,
         origin_session_id: str,
         parent_run_id: str | None = None,
+        not_before: _dt.datetime | _dt.timedelta | None = None,
+        priority: int = 0,
+        concurrency_key: str | None = None,
     ) -> Run:
         """Queue a run for a controller (status ``queued``, lease generation 0, no owner).
         ``definition_digest`` must equal ``fencepost.digest(definition)``: it is recomputed,
         never trusted. With ``parent_run_id`` the run continues a ``parked`` parent of the same
-        ``origin_session_id``, which becomes ``completed``."""
+        ``origin_session_id``, which becomes ``completed``.
+
+        Scheduling, for ``claim_next``: ``not_before`` (an aware datetime, or a timedelta from
+        the ledger's clock) keeps the run queued and passed over until then; ``priority``
+        (-1000..1000) orders it, higher first; ``concurrency_key`` counts it against the key's
+        limit (``set_concurrency_limit``) while it holds a live lease."""
         return self._core.reserve_run(
-            {
-                "run_id": run_id,
-                "workflow_name": workflow_name,
-                "workflow_ref": workflow_ref,
-                "source": source,
-                "definition_digest": definition_digest,
-                "definition": definition,
-                "input": input,
-                "launch_options": launch_options,
-                "runner_id": runner_id,
-                "origin_session_id": origin_session_id,
-                "parent_run_id": parent_run_id,
-            },
+            _queued_run(
+                run_id,
+                {
+                    "workflow_name": workflow_name,
+                    "workflow_ref": workflow_ref,
+                    "source": source,
+                    "definition_digest": definition_digest,
+                    "definition": definition,
+                    "input": input,
+                    "launch_options": launch_options,
+                    "runner_id": runner_id,
+                    "origin_session_id": origin_session_id,
+                    "parent_run_id": parent_run_id,
+                    "not_before": not_before,
+                    "priority": priority,
+                    "concurrency_key": concurrency_key,
+                },
+            )
         )
 
     def prepare_or_adopt(
@@ -664,25 +709,36 @@ class Ledger:
         parent_run_id: str | None = None,
         lease_ms: int,
         claim_token: str | None = None,
+        not_before: _dt.datetime | _dt.timedelta | None = None,
+        priority: int = 0,
+        concurrency_key: str | None = None,
     ) -> ClaimedPreparation | AdoptedPreparation:
         """One transaction: adopt the run if it exists with these exact inputs (no writes),
         raise ``PreparationConflict`` naming the fields that differ, or reserve and claim it
         for ``runner_id`` (``state="claimed"`` with the claim). Checking ``state`` narrows
-        ``claim`` for a type checker."""
+        ``claim`` for a type checker. The scheduling keywords are ``reserve_run``'s; they are
+        stored with a new run and are not compared when adopting (how a run is scheduled is
+        not what it is), and the claim is taken at once whatever ``not_before`` says: the
+        caller asked for the run now."""
         return self._core.prepare_or_adopt(
-            {
-                "run_id": run_id,
-                "workflow_name": workflow_name,
-                "workflow_ref": workflow_ref,
-                "source": source,
-                "definition_digest": definition_digest,
-                "definition": definition,
-                "input": input,
-                "launch_options": launch_options,
-                "runner_id": runner_id,
-                "origin_session_id": origin_session_id,
-                "parent_run_id": parent_run_id,
-            },
+            _queued_run(
+                run_id,
+                {
+                    "workflow_name": workflow_name,
+                    "workflow_ref": workflow_ref,
+                    "source": source,
+                    "definition_digest": definition_digest,
+                    "definition": definition,
+                    "input": input,
+                    "launch_options": launch_options,
+                    "runner_id": runner_id,
+                    "origin_session_id": origin_session_id,
+                    "parent_run_id": parent_run_id,
+                    "not_before": not_before,
+                    "priority": priority,
+                    "concurrency_key": concurrency_key,
+                },
+            ),
             lease_ms,
             claim_token,
         )
@@ -704,14 +760,42 @@ class Ledger:
         limit: int = 1,
         token: str | None = None,
     ) -> list[Claim]:
-        """Claim the oldest queued runs (by ``created_at``, then ``run_id``), at most ``limit``
-        (1 to 1 000), optionally only of ``workflow_names``: each as ``claim`` does (the next
-        generation, ``starting``, a ``lease.claimed`` event), all in one transaction. Two
-        controllers never get the same run, and on PostgreSQL neither waits for the other: each
-        skips the runs another holds. ``[]`` when nothing is queued. ``token`` is for a single
-        claim (``limit=1``); otherwise each claim gets its own."""
+        """Claim the next due queued runs, at most ``limit`` (1 to 1 000), optionally only of
+        ``workflow_names``: each as ``claim`` does (the next generation, ``starting``, a
+        ``lease.claimed`` event), all in one transaction. The order is ``priority`` (higher
+        first), then due time (``not_before``, else the time the run was queued), then
+        ``run_id``. Runs not yet due, runs of paused workflows (``pause_workflow``) and runs
+        whose ``concurrency_key`` is at its limit (``set_concurrency_limit``; this call's own
+        claims count) are passed over. Two controllers never get the same run, and on
+        PostgreSQL neither waits for the other's runs: each skips the runs another holds (a
+        key's limit is counted under a lock of that key). ``[]`` when nothing is due.
+        ``token`` is for a single claim (``limit=1``); otherwise each claim gets its own."""
         names = _refs(workflow_names, "workflow_names")
         return self._core.claim_next(runner_id, lease_ms, names, limit, token)
+
+    def set_concurrency_limit(self, concurrency_key: str, limit: int | None) -> None:
+        """At most ``limit`` runs with ``concurrency_key`` hold live leases (``0`` holds the
+        key's queued runs; ``None`` removes the limit). Counted by ``claim_next``: a live
+        lease is one of a run that has left the queue and not ended, expiring after now, so an
+        expired or released lease frees its slot. Lowering a limit takes no lease away."""
+        self._core.set_concurrency_limit(concurrency_key, limit)
+
+    def concurrency_limits(self) -> dict[str, int]:
+        """Every key's limit."""
+        return dict(self._core.concurrency_limits())
+
+    def pause_workflow(self, workflow_name: str) -> None:
+        """``claim_next`` hands out no run of ``workflow_name`` until ``resume_workflow``
+        (claims already taken stand). A workflow with no runs yet may be paused."""
+        self._core.pause_workflow(workflow_name)
+
+    def resume_workflow(self, workflow_name: str) -> None:
+        """Undo ``pause_workflow``; a workflow not paused is left as it is."""
+        self._core.resume_workflow(workflow_name)
+
+    def paused_workflows(self) -> list[str]:
+        """The paused workflows, by name."""
+        return self._core.paused_workflows()
 
     def heartbeat(self, claim: Claim, *, lease_ms: int) -> Claim:
         """Extend a live claim to ``lease_ms`` from now; ``LeaseLost`` if it is stale."""

@@ -119,6 +119,10 @@ class Run:
     created_at: _dt.datetime
     updated_at: _dt.datetime
     completed_at: _dt.datetime | None
+    # Scheduling, set by reserve_run / prepare_or_adopt (see claim_next).
+    not_before: _dt.datetime | None = None
+    priority: int = 0
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

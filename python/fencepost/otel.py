@@ -71,7 +71,8 @@ OPERATIONS: Final = (
     "attempts", "units", "unit_counts", "unit", "accounting", "reserve_run", "prepare_or_adopt",
     "claim", "claim_next", "heartbeat", "release", "set_status", "lease", "expired_leases",
     "leases", "events", "wait_events", "prune", "restore", "vacuum", "integrity_check",
-    "orphan_attempts",
+    "orphan_attempts", "set_concurrency_limit", "concurrency_limits", "pause_workflow",
+    "resume_workflow", "paused_workflows",
 )  # fmt: skip
 """The operations that get a span and count in ``fencepost.operations``."""
 

@@ -18,7 +18,8 @@ conformance!(
     unit_pages_are_read_by_index,
     unit_pages_follow_the_cursor,
     live_leases_are_read_by_index,
-    next_queued_runs_are_read_by_index
+    next_queued_runs_are_read_by_index,
+    scheduling_is_read_by_index
 );
 
 /// `p0` and 3 000 more runs (see [`many_runs`]).
@@ -373,13 +374,17 @@ fn live_leases_are_read_by_index(store: &mut dyn Store) {
     );
 }
 
-/// `claim_next`'s read walks the index of queued runs alone, in order, and reads each one's
-/// lease by its key: however many runs have moved on, finding the next queued one costs the
-/// same.
+/// `claim_next`'s read walks the index of due queued runs alone, in claim order, and reads each
+/// one's lease by its key; moving the runs that have come due reads only those: however many
+/// runs have moved on or wait for a later time, finding the next one costs the same.
 fn next_queued_runs_are_read_by_index(store: &mut dyn Store) {
     fill_runs(store);
+    // A queued run in three of every four is due, and the rest wait for a later time.
     let queue = Sql::same(
-        "UPDATE runs SET status = 'queued' WHERE completed_at IS NULL AND created_at % 50 = 0",
+        "UPDATE runs SET status = 'queued', due_at = created_at,
+            priority = created_at % 7 - 3,
+            queue_lane = CASE WHEN created_at % 200 = 0 THEN 'later' ELSE 'due' END
+        WHERE completed_at IS NULL AND created_at % 50 = 0",
     );
     // Every run has its lease row, as `reserve_run` leaves it.
     let lease = Sql::same(
@@ -396,20 +401,101 @@ fn next_queued_runs_are_read_by_index(store: &mut dyn Store) {
     let none: Option<String> = None;
     let next = plan(store, &sql::NEXT_QUEUED_SQL, params![none, 10_i64]);
     assert!(
-        next.contains("runs_queued"),
-        "the next queued runs by runs_queued:\n{next}"
+        next.contains("runs_lane_due"),
+        "the next queued runs by runs_lane_due:\n{next}"
     );
-    // Walking the whole partial index is the point (it holds the queued runs only); a walk of
-    // the table or of another index is not.
+    // Walking the whole partial index is the point (it holds the due queued runs only); a walk
+    // of the table or of another index is not.
     let walks = next.lines().any(|l| {
-        (l.contains("SCAN runs") && !l.contains("runs_queued"))
+        (l.contains("SCAN runs") && !l.contains("runs_lane_due"))
             || l.contains("SCAN l ")
             || l.contains("SCAN leases")
             || l.contains("Seq Scan")
     });
     assert!(!walks, "no scan of the runs or the leases:\n{next}");
+    // PostgreSQL sorts the claimed runs (at most `limit`) after the CTE that locks them; the
+    // backlog inside it is read in the index's order.
+    let backlog = next.split("CTE q").nth(1).unwrap_or(&next);
+    let backlog = backlog.split("Nested Loop").next().unwrap_or(backlog);
     assert!(
-        !next.contains("TEMP B-TREE"),
+        !next.contains("TEMP B-TREE") && !backlog.contains("Sort"),
         "in the index's order, unsorted:\n{next}"
     );
+    let promote = plan(store, &sql::PROMOTE_DUE_SQL, params![T0]);
+    assert!(
+        promote.contains("runs_lane_later"),
+        "the runs come due by runs_lane_later:\n{promote}"
+    );
+    let walks = promote.lines().any(|l| {
+        (l.contains("SCAN runs") && !l.contains("runs_lane_later"))
+            || l.contains("Seq Scan on runs")
+    });
+    assert!(!walks, "no scan of the runs:\n{promote}");
+}
+
+/// Key limits and paused workflows are served by their indexes: the keyed lane per limited
+/// key, a key's live count by `runs_key_live`, and moving a key's or a workflow's queued runs
+/// between lanes by `runs_queued_key` and `runs_queued_name`, whatever the rest of the runs.
+fn scheduling_is_read_by_index(store: &mut dyn Store) {
+    fill_runs(store);
+    // Every run gets one of 50 keys; queued runs (one in 50) are in the keyed lane, and the
+    // other runs of those keys are live or ended.
+    let keyed = Sql::same(
+        "UPDATE runs SET concurrency_key = 'k' || CAST(created_at % 50 AS TEXT),
+            workflow_name = 'wf' || CAST(created_at % 9 AS TEXT), due_at = created_at,
+            status = CASE WHEN completed_at IS NULL AND created_at % 50 = 0 THEN 'queued'
+                          ELSE status END,
+            queue_lane = CASE WHEN completed_at IS NULL AND created_at % 50 = 0 THEN 'keyed' END
+        WHERE run_id <> 'p0'",
+    );
+    let limits = Sql::same(
+        "INSERT INTO concurrency_limits(concurrency_key, max_live, updated_at)
+        SELECT DISTINCT concurrency_key, 3, 0 FROM runs WHERE concurrency_key IS NOT NULL",
+    );
+    let lease = Sql::same(
+        "INSERT INTO leases(resource_id, generation, owner_type, owner_id, token_hash,
+            acquired_at, heartbeat_at, expires_at)
+        SELECT run_id, 1, 'host', 'h', 'x', 0, 0, ?1 + created_at FROM runs WHERE true
+        ON CONFLICT DO NOTHING",
+    );
+    store
+        .write("keying", |tx| {
+            tx.exec(&keyed, params![])?;
+            tx.exec(&limits, params![])?;
+            tx.exec(&lease, params![T0]).map(|_| ())
+        })
+        .expect("key");
+    analyze(store);
+    let scans_runs = |p: &str| {
+        p.lines().any(|l| {
+            l.contains("SCAN r ")
+                || l.trim_end().ends_with("SCAN r")
+                || l.contains("SCAN k")
+                || l.contains("SCAN runs")
+                || l.contains("Seq Scan on runs")
+        })
+    };
+    let none: Option<String> = None;
+    let next = plan(store, &sql::NEXT_KEYED_SQL, params![none, 10_i64]);
+    assert!(
+        next.contains("runs_lane_keyed"),
+        "by runs_lane_keyed:\n{next}"
+    );
+    assert!(!scans_runs(&next), "no scan of the runs:\n{next}");
+    let keys = r#"["k1","k2"]"#;
+    let room = plan(store, &sql::KEY_ROOM_SQL, params![keys, T0]);
+    assert!(room.contains("runs_key_live"), "by runs_key_live:\n{room}");
+    assert!(!scans_runs(&room), "no scan of the runs:\n{room}");
+    for (what, statement, args) in [
+        (
+            "a key's lane",
+            &sql::KEY_LANE_SQL,
+            params!["k1", "due", "keyed"],
+        ),
+        ("pausing", &sql::PAUSE_LANE_SQL, params!["wf1"]),
+        ("resuming", &sql::RESUME_LANE_SQL, params!["wf1"]),
+    ] {
+        let p = plan(store, statement, args);
+        assert!(!scans_runs(&p), "{what}: no scan of the runs:\n{p}");
+    }
 }

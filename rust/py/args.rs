@@ -205,8 +205,8 @@ struct Keys {
     interned: PyOnceLock<Vec<Py<PyString>>>,
 }
 
-/// The most keywords a set has (a unit to reserve).
-const MAX_KEYS: usize = 12;
+/// The most keywords a set has (a queued run: `reserve_run`'s, with `not_before` in two).
+const MAX_KEYS: usize = 16;
 
 impl Keys {
     const fn new(names: &'static [&'static str]) -> Self {

@@ -589,6 +589,37 @@ impl PyLedger {
         records::opt_claim(py, claim)
     }
 
+    fn set_concurrency_limit(
+        &self,
+        py: Python<'_>,
+        concurrency_key: &Bound<'_, PyAny>,
+        limit: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let key = text(concurrency_key, "concurrency_key")?;
+        let limit = opt_int(limit, "limit")?;
+        self.run(py, move |s, now| {
+            queue::set_concurrency_limit(s, &key, limit, now)
+        })
+    }
+
+    fn concurrency_limits(&self, py: Python<'_>) -> PyResult<Vec<(String, i64)>> {
+        self.run(py, |s, _| queue::concurrency_limits(s))
+    }
+
+    fn pause_workflow(&self, py: Python<'_>, workflow_name: &Bound<'_, PyAny>) -> PyResult<()> {
+        let name = text(workflow_name, "workflow_name")?;
+        self.run(py, move |s, now| queue::pause_workflow(s, &name, now))
+    }
+
+    fn resume_workflow(&self, py: Python<'_>, workflow_name: &Bound<'_, PyAny>) -> PyResult<()> {
+        let name = text(workflow_name, "workflow_name")?;
+        self.run(py, move |s, _| queue::resume_workflow(s, &name))
+    }
+
+    fn paused_workflows(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        self.run(py, |s, _| queue::paused_workflows(s))
+    }
+
     fn claim_next<'py>(
         &self,
         py: Python<'py>,

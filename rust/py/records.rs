@@ -246,6 +246,9 @@ pub fn run(py: Python<'_>, r: Run) -> PyResult<Bound<'_, PyAny>> {
         "created_at" => datetime(py, c, r.created_at)?,
         "updated_at" => datetime(py, c, r.updated_at)?,
         "completed_at" => opt_datetime(py, c, r.completed_at)?,
+        "not_before" => opt_datetime(py, c, r.not_before)?,
+        "priority" => r.priority,
+        "concurrency_key" => r.concurrency_key,
     )
 }
 

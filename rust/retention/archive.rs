@@ -26,10 +26,13 @@ pub const FORMAT: i64 = 1;
 /// them takes on restore: an older archive's header lists the table's columns without them (a
 /// prefix of today's), and its rows are as wide as its header. Appended only at a table's end,
 /// so what an older header lists is always a prefix.
-pub const ADDED_COLUMNS: [(&str, &str, Cell); 3] = [
+pub const ADDED_COLUMNS: [(&str, &str, Cell); 6] = [
     ("attempts", "trace_context", Cell::Null),
     ("leases", "takeovers", Cell::Int(0)),
     ("leases", "refused_writes", Cell::Int(0)),
+    ("runs", "not_before", Cell::Null),
+    ("runs", "priority", Cell::Int(0)),
+    ("runs", "concurrency_key", Cell::Null),
 ];
 
 /// One archived table: its columns in schema order, the column that ties a row to its run (or
@@ -107,6 +110,11 @@ pub const RUN_TABLES: [Table; 6] = [
             "created_at",
             "updated_at",
             "completed_at",
+            // The scheduling a run was queued with. Its lane (`queue_lane`, `due_at`) is not
+            // archived: only terminal runs are, and they are in no lane.
+            "not_before",
+            "priority",
+            "concurrency_key",
         ],
         key: "run_id",
         order: "run_id",

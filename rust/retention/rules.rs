@@ -11,6 +11,7 @@ use crate::blobs::check_digest;
 use crate::canonical::{self, Value, MAX_SAFE_INTEGER};
 use crate::ids::{check_name, check_prose, check_run_id, check_text, MAX_NAME, MAX_RUN_ID, PROSE};
 use crate::leases::{MAX_CLOCK_MS, MAX_LEASE_MS};
+use crate::queue::{MAX_PRIORITY, MIN_PRIORITY};
 use crate::status::{AttemptStatus, RunStatus, StepStatus, UnitStatus};
 
 use super::archive::Cell;
@@ -104,6 +105,7 @@ pub fn column(table: &str, column: &str) -> Option<Column> {
         | ("attempts", "dispatch_id")
         | ("events", "type") => (Kind::Key, REQ),
         ("runs", "guarded") => (Kind::Int(0, 1), REQ),
+        ("runs", "priority") => (Kind::Int(MIN_PRIORITY, MAX_PRIORITY), REQ),
         ("runs", "status") => (Kind::Enum(run_status), REQ),
         ("steps", "status") => (Kind::Enum(step_status), REQ),
         ("units", "status") => (Kind::Enum(unit_status), REQ),
@@ -130,6 +132,7 @@ pub fn column(table: &str, column: &str) -> Option<Column> {
         | ("attempts", "started_at")
         | ("events", "ts") => (Kind::Time, REQ),
         ("runs" | "steps", "completed_at")
+        | ("runs", "not_before")
         | ("units" | "attempts", "finished_at")
         | ("leases", "acquired_at" | "heartbeat_at" | "expires_at") => (Kind::Time, OPT),
         ("steps", "title" | "instructions") => (Kind::Prose, REQ),
@@ -138,7 +141,7 @@ pub fn column(table: &str, column: &str) -> Option<Column> {
         (
             "runs",
             "scope_key" | "current_step_id" | "parent_unit_id" | "invocation_key"
-            | "origin_session_id" | "runner_id",
+            | "origin_session_id" | "runner_id" | "concurrency_key",
         )
         | (
             "units" | "attempts",

@@ -27,6 +27,9 @@ fn run_from_row(r: &dyn Row) -> DbResult<Run> {
         created_at: r.get(13)?,
         updated_at: r.get(14)?,
         completed_at: r.get(15)?,
+        not_before: r.get(16)?,
+        priority: r.get(17)?,
+        concurrency_key: r.get(18)?,
     })
 }
 

@@ -134,7 +134,7 @@ macro_rules! run_select {
             r.origin_session_id, p.bytes, o.bytes,
             (SELECT coalesce(max(e.revision), 0) FROM events e WHERE e.resource_id = r.run_id),
             r.created_at, r.updated_at,
-            r.completed_at
+            r.completed_at, r.not_before, r.priority, r.concurrency_key
          FROM runs r LEFT JOIN blobs p ON p.digest = r.params
                      LEFT JOIN blobs o ON o.digest = r.outputs "
     };
@@ -548,10 +548,11 @@ pub const OWNED_LEASES_SQL: Sql = Sql::same(
 
 // ------------------------------------------------------------------ queue
 
-/// The oldest queued runs for `claim_next`, each with its lease's generation, owner and expiry
-/// (NULL when the run has no lease row): ?1 the workflow names (NULL: any), ?2 how many.
-/// A range of the partial `runs_queued` index, which holds queued runs only, so the read does
-/// not grow with the runs that have moved on; each lease is a primary-key probe.
+/// The next due queued runs for `claim_next` (priority, highest first, then due time, then run
+/// id), each with its lease's generation, owner and expiry (NULL when the run has no lease
+/// row): ?1 the workflow names (NULL: any), ?2 how many. A range of the partial
+/// `runs_lane_due` index, which holds due queued runs only, in this order, so the read does not
+/// grow with the runs that have moved on or are not due yet; each lease is a primary-key probe.
 ///
 /// PostgreSQL locks the runs it returns and skips the ones another transaction holds
 /// (`SKIP LOCKED`): concurrent claimers each get different runs without waiting, and a run that
@@ -566,32 +567,176 @@ pub const OWNED_LEASES_SQL: Sql = Sql::same(
 /// SQLite is told the index: with few queued runs its costs prefer `runs_status_recent` and a
 /// sort, which would sort the whole backlog on every call once it is large.
 pub const NEXT_QUEUED_SQL: Sql = Sql::split(
-    "SELECT r.run_id, l.generation, l.owner_id, l.expires_at
-    FROM runs r INDEXED BY runs_queued LEFT JOIN leases l ON l.resource_id = r.run_id
-    WHERE r.status = 'queued'
+    "SELECT r.run_id, l.generation, l.owner_id, l.expires_at, r.priority, r.due_at, NULL
+    FROM runs r INDEXED BY runs_lane_due LEFT JOIN leases l ON l.resource_id = r.run_id
+    WHERE r.status = 'queued' AND r.queue_lane = 'due'
       AND (?1 IS NULL OR r.workflow_name IN (SELECT value FROM json_each(?1)))
-    ORDER BY r.created_at, r.run_id LIMIT ?2",
+    ORDER BY r.priority DESC, r.due_at, r.run_id LIMIT ?2",
     "WITH q AS MATERIALIZED (
-        SELECT run_id, created_at FROM runs WHERE status = 'queued'
+        SELECT run_id, priority, due_at FROM runs WHERE status = 'queued' AND queue_lane = 'due'
           AND (CAST(?1 AS TEXT) IS NULL
                OR workflow_name IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb)))
-        ORDER BY created_at, run_id COLLATE \"C\" LIMIT CAST(?2 AS BIGINT)
+        ORDER BY priority DESC, due_at, run_id COLLATE \"C\" LIMIT CAST(?2 AS BIGINT)
         FOR UPDATE SKIP LOCKED)
-    SELECT q.run_id, l.generation, l.owner_id, l.expires_at FROM q
+    SELECT q.run_id, l.generation, l.owner_id, l.expires_at, q.priority, q.due_at,
+        CAST(NULL AS TEXT) FROM q
     LEFT JOIN LATERAL (
         SELECT generation, owner_id, expires_at FROM leases
         WHERE resource_id = q.run_id OFFSET 0) l ON TRUE
-    ORDER BY q.created_at, q.run_id COLLATE \"C\"",
+    ORDER BY q.priority DESC, q.due_at, q.run_id COLLATE \"C\"",
+);
+/// The keyed lane's next runs for `claim_next`, the columns of [`NEXT_QUEUED_SQL`] with each
+/// run's key: for every key whose limit is above 0, its first ?2 due queued runs in claim
+/// order; ?1 the workflow names (NULL: any). One range of `runs_lane_keyed` per limited key
+/// (a key held at 0 is not read at all), so the read costs what the keys do, not what their
+/// backlogs do. Whether a key has room is decided after its limit is locked
+/// ([`LOCK_KEYS_SQL`], [`KEY_ROOM_SQL`]); PostgreSQL locks the runs read as the due lane does.
+pub const NEXT_KEYED_SQL: Sql = Sql::split(
+    "SELECT r.run_id, l.generation, l.owner_id, l.expires_at, r.priority, r.due_at,
+        r.concurrency_key
+    FROM concurrency_limits c
+    JOIN runs r ON r.run_id IN (
+        SELECT k.run_id FROM runs k INDEXED BY runs_lane_keyed
+        WHERE k.status = 'queued' AND k.queue_lane = 'keyed'
+          AND k.concurrency_key = c.concurrency_key
+          AND (?1 IS NULL OR k.workflow_name IN (SELECT value FROM json_each(?1)))
+        ORDER BY k.priority DESC, k.due_at, k.run_id LIMIT ?2)
+    LEFT JOIN leases l ON l.resource_id = r.run_id
+    WHERE c.max_live > 0",
+    "SELECT q.run_id, l.generation, l.owner_id, l.expires_at, q.priority, q.due_at,
+        q.concurrency_key
+    FROM concurrency_limits c
+    CROSS JOIN LATERAL (
+        SELECT run_id, priority, due_at, concurrency_key FROM runs
+        WHERE status = 'queued' AND queue_lane = 'keyed' AND concurrency_key = c.concurrency_key
+          AND (CAST(?1 AS TEXT) IS NULL
+               OR workflow_name IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb)))
+        ORDER BY priority DESC, due_at, run_id COLLATE \"C\" LIMIT CAST(?2 AS BIGINT)
+        FOR UPDATE SKIP LOCKED) q
+    LEFT JOIN LATERAL (
+        SELECT generation, owner_id, expires_at FROM leases
+        WHERE resource_id = q.run_id OFFSET 0) l ON TRUE
+    WHERE c.max_live > 0",
+);
+/// Lock the limits of the keys ?1 (a JSON array) until the transaction ends, in key order (two
+/// claimers never wait on each other in a cycle): on PostgreSQL, whoever counts a key's live
+/// runs next ([`KEY_ROOM_SQL`], a statement of its own, so its snapshot is taken after the
+/// lock is granted) sees every claim of that key committed before. A row lock, not an
+/// advisory lock: it needs no key-to-number hash and holds through transaction-mode poolers
+/// all the same. SQLite has one writer, so there is nothing to lock: its half binds the same
+/// argument and returns no row (a statement sent without reading its answer must not).
+pub const LOCK_KEYS_SQL: Sql = Sql::split(
+    "SELECT concurrency_key FROM concurrency_limits
+    WHERE 0 AND concurrency_key IN (SELECT value FROM json_each(?1))",
+    "SELECT concurrency_key FROM concurrency_limits
+    WHERE concurrency_key IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb))
+    ORDER BY concurrency_key COLLATE \"C\" FOR UPDATE",
+);
+/// The room of each key in ?1 (a JSON array) that has a limit: the limit less the key's runs
+/// that hold live leases at ?2 (out of the queue, not ended, lease expiring after ?2). The
+/// runs are the key's range of `runs_key_live`, each lease a primary-key probe: a count of
+/// what the key holds now, not of its history (nor of every key's live leases, which
+/// PostgreSQL would walk by `leases_expires` if the subqueries were not kept apart).
+pub const KEY_ROOM_SQL: Sql = Sql::split(
+    "SELECT c.concurrency_key, c.max_live - (
+        SELECT count(*) FROM runs r INDEXED BY runs_key_live
+        JOIN leases l ON l.resource_id = r.run_id
+        WHERE r.concurrency_key = c.concurrency_key
+          AND r.status IN ('starting', 'active', 'blocked', 'parked') AND l.expires_at > ?2)
+    FROM concurrency_limits c WHERE c.concurrency_key IN (SELECT value FROM json_each(?1))",
+    "SELECT c.concurrency_key, c.max_live - (
+        SELECT count(*) FROM (
+            SELECT run_id FROM runs
+            WHERE concurrency_key = c.concurrency_key
+              AND status IN ('starting', 'active', 'blocked', 'parked') OFFSET 0) r
+        JOIN LATERAL (
+            SELECT 1 FROM leases
+            WHERE resource_id = r.run_id AND expires_at > CAST(?2 AS BIGINT) OFFSET 0) l ON TRUE)
+    FROM concurrency_limits c
+    WHERE c.concurrency_key IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb))",
+);
+/// Set a key's limit (?2) at ?3.
+pub const LIMIT_SET_SQL: Sql = Sql::same(
+    "INSERT INTO concurrency_limits(concurrency_key, max_live, updated_at) VALUES (?1, ?2, ?3)
+    ON CONFLICT (concurrency_key) DO UPDATE SET max_live = excluded.max_live,
+        updated_at = excluded.updated_at",
+);
+pub const LIMIT_REMOVE_SQL: Sql =
+    Sql::same("DELETE FROM concurrency_limits WHERE concurrency_key = ?1");
+pub const LIMITS_SQL: Sql = Sql::split(
+    "SELECT concurrency_key, max_live FROM concurrency_limits ORDER BY concurrency_key",
+    "SELECT concurrency_key, max_live FROM concurrency_limits
+    ORDER BY concurrency_key COLLATE \"C\"",
+);
+/// Move the key ?1's queued runs from lane ?2 to lane ?3 (a limit set: `due` to `keyed`;
+/// removed: back), by the key's range of `runs_queued_key`.
+pub const KEY_LANE_SQL: Sql = Sql::same(
+    "UPDATE runs SET queue_lane = ?3
+    WHERE status = 'queued' AND concurrency_key = ?1 AND queue_lane = ?2",
+);
+pub const PAUSE_SQL: Sql = Sql::same(
+    "INSERT INTO paused_workflows(workflow_name, paused_at) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+);
+pub const RESUME_SQL: Sql = Sql::same("DELETE FROM paused_workflows WHERE workflow_name = ?1");
+pub const PAUSED_SQL: Sql = Sql::split(
+    "SELECT workflow_name FROM paused_workflows ORDER BY workflow_name",
+    "SELECT workflow_name FROM paused_workflows ORDER BY workflow_name COLLATE \"C\"",
+);
+/// Pausing a workflow takes its claimable queued runs out of their lanes (runs not yet due
+/// stay `later`, and join `paused` when they come due), by the workflow's range of
+/// `runs_queued_name`.
+pub const PAUSE_LANE_SQL: Sql = Sql::same(
+    "UPDATE runs SET queue_lane = 'paused'
+    WHERE status = 'queued' AND workflow_name = ?1 AND queue_lane IN ('due', 'keyed')",
+);
+/// Resuming puts them back, in the lane their key says.
+pub const RESUME_LANE_SQL: Sql = Sql::same(
+    "UPDATE runs SET queue_lane = CASE
+        WHEN EXISTS (SELECT 1 FROM concurrency_limits c
+                     WHERE c.concurrency_key = runs.concurrency_key) THEN 'keyed'
+        ELSE 'due' END
+    WHERE status = 'queued' AND workflow_name = ?1 AND queue_lane = 'paused'",
 );
 pub const DEFINITION_INSERT_SQL: Sql = Sql::same(
     "INSERT INTO definitions(definition_digest,
     workflow_name, created_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
 );
+/// ?12 `not_before`, ?13 `priority`, ?14 `concurrency_key`, ?15 `due_at`, ?16 the lane.
 pub const RESERVE_RUN_INSERT_SQL: Sql = Sql::same(
     "INSERT INTO runs(run_id, workflow_ref, workflow_name,
     definition_digest, guarded, status, input, launch_options, source, parent_run_id,
-    origin_session_id, runner_id, created_at, updated_at)
-    VALUES (?1, ?2, ?3, ?4, 0, 'queued', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11)",
+    origin_session_id, runner_id, created_at, updated_at,
+    not_before, priority, concurrency_key, due_at, queue_lane)
+    VALUES (?1, ?2, ?3, ?4, 0, 'queued', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, ?12, ?13, ?14, ?15, ?16)",
+);
+/// Whether a workflow is paused: a primary-key probe.
+pub const WORKFLOW_PAUSED_SQL: Sql =
+    Sql::same("SELECT 1 FROM paused_workflows WHERE workflow_name = ?1");
+/// Whether a key has a limit: a primary-key probe.
+pub const KEY_LIMITED_SQL: Sql =
+    Sql::same("SELECT 1 FROM concurrency_limits WHERE concurrency_key = ?1");
+/// Move the queued runs that have come due (?1 now) out of the `later` lane, by the rule of
+/// `queue::lane`: a range of `runs_lane_later`, so a claim pays for what has come due since
+/// the last one, not for the runs still waiting. PostgreSQL skips runs another claimer is
+/// moving (it moves them, the same way) rather than wait for its commit.
+pub const PROMOTE_DUE_SQL: Sql = Sql::split(
+    "UPDATE runs SET queue_lane = CASE
+        WHEN EXISTS (SELECT 1 FROM paused_workflows p WHERE p.workflow_name = runs.workflow_name)
+            THEN 'paused'
+        WHEN EXISTS (SELECT 1 FROM concurrency_limits c
+                     WHERE c.concurrency_key = runs.concurrency_key) THEN 'keyed'
+        ELSE 'due' END
+    WHERE run_id IN (SELECT run_id FROM runs INDEXED BY runs_lane_later
+        WHERE status = 'queued' AND queue_lane = 'later' AND due_at <= ?1)",
+    "UPDATE runs SET queue_lane = CASE
+        WHEN EXISTS (SELECT 1 FROM paused_workflows p WHERE p.workflow_name = runs.workflow_name)
+            THEN 'paused'
+        WHEN EXISTS (SELECT 1 FROM concurrency_limits c
+                     WHERE c.concurrency_key = runs.concurrency_key) THEN 'keyed'
+        ELSE 'due' END
+    WHERE run_id IN (SELECT run_id FROM runs
+        WHERE status = 'queued' AND queue_lane = 'later' AND due_at <= CAST(?1 AS BIGINT)
+        FOR UPDATE SKIP LOCKED)",
 );
 /// What `prepare_or_adopt` compares, plus the status (a terminal run is not adopted).
 pub const PREPARATION_SQL: Sql = Sql::same(

@@ -15,7 +15,7 @@ use super::{
 use crate::attempts::{FinishSpec, UnitSpec};
 use crate::canonical::Doc;
 use crate::canonical::Json;
-use crate::queue::NewQueuedRun;
+use crate::queue::{NewQueuedRun, NotBefore};
 use crate::runs::{ChildRun, NewRun, RunCursor, RunFilter, StepResult, StepSpec};
 
 // ------------------------------------------------------------------ runs and steps
@@ -395,6 +395,10 @@ static QUEUED_RUN_KEYS: Keys = Keys::new(&[
     "runner_id",
     "origin_session_id",
     "parent_run_id",
+    "not_before_ms",
+    "not_before_after_ms",
+    "priority",
+    "concurrency_key",
 ]);
 
 /// The keywords of [`QUEUED_RUN_KEYS`], read once while attached.
@@ -411,6 +415,9 @@ pub struct QueuedRunArgs {
     pub runner_id: String,
     origin_session_id: String,
     parent_run_id: Option<String>,
+    not_before: NotBefore,
+    priority: i64,
+    concurrency_key: Option<String>,
 }
 
 impl QueuedRunArgs {
@@ -430,6 +437,17 @@ impl QueuedRunArgs {
             runner_id: text(f.get("runner_id"), "runner_id")?,
             origin_session_id: text(f.get("origin_session_id"), "origin_session_id")?,
             parent_run_id: opt_text(f.get("parent_run_id"), "parent_run_id")?,
+            // The Python layer splits `not_before` into an instant or a delay.
+            not_before: match (
+                opt_int(f.get("not_before_ms"), "not_before")?,
+                opt_int(f.get("not_before_after_ms"), "not_before")?,
+            ) {
+                (Some(at), _) => NotBefore::At(at),
+                (None, Some(after)) => NotBefore::After(after),
+                (None, None) => NotBefore::Now,
+            },
+            priority: int(f.get("priority"), "priority")?,
+            concurrency_key: opt_text(f.get("concurrency_key"), "concurrency_key")?,
         })
     }
 
@@ -451,6 +469,9 @@ impl QueuedRunArgs {
             runner_id: self.runner_id,
             origin_session_id: self.origin_session_id,
             parent_run_id: self.parent_run_id,
+            not_before: self.not_before,
+            priority: self.priority,
+            concurrency_key: self.concurrency_key,
         }
     }
 }

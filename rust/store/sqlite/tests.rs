@@ -206,7 +206,8 @@ fn an_older_database_migrates_forward_and_keeps_its_rows() {
             (4, "reads".into(), 9),
             (5, "queue".into(), 9),
             (6, "fencing".into(), 9),
-            (7, "seq_floor".into(), 9)
+            (7, "seq_floor".into(), 9),
+            (8, "schedule".into(), 9)
         ]
     );
     let kept: String = store

@@ -311,13 +311,13 @@ RACE_KEYS = {"one": 1, "three": 3}
 
 
 def _claimer(i: int, barrier: Any, queue: Any, target: str) -> None:
-    """Claim, hold the run a moment, finish it; until nothing is left."""
+    """Claim, hold the run a moment, finish it; until nothing is queued (a claimer may find
+    nothing while the keys it could take are at their limits: it waits for them)."""
     done: list[str] = []
     errors: list[str] = []
     with fp.Ledger.open(target) as ledger:
         barrier.wait()
-        idle = 0
-        while idle < 50:
+        while True:
             kind, claims = outcome(
                 lambda: ledger.claim_next(f"ctl-{i}", lease_ms=60_000, limit=1 + i % 3)
             )
@@ -325,10 +325,10 @@ def _claimer(i: int, barrier: Any, queue: Any, target: str) -> None:
                 errors.append(f"{kind}: {claims}")
                 continue
             if not claims:
-                idle += 1
+                if not ledger.list_runs(status="queued", limit=1):
+                    break
                 time.sleep(0.005)
                 continue
-            idle = 0
             time.sleep(0.002)
             for c in claims:
                 ledger.set_status(c.run_id, "active", claim=c)

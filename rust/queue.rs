@@ -435,6 +435,8 @@ pub struct NextClaims {
     pub limit: i64,
     /// The caller's token, for a single claim (`limit` 1).
     pub token: Option<String>,
+    /// Also take over runs whose owner's lease expired.
+    pub rescue: bool,
 }
 
 /// Claim the next due queued runs (priority, highest first, then due time: `not_before`, else
@@ -479,18 +481,17 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
         // Runs that have come due join their lane first, so this claim already sees them; sent
         // with the read (no answer is needed).
         tx.exec_later(&sql::PROMOTE_DUE_SQL, params![now_ms])?;
-        // Both lanes in one round trip.
+        // Both lanes and the runs to rescue in one round trip.
         let mut found = Vec::new();
-        tx.query_many(
-            &[
-                (&sql::NEXT_QUEUED_SQL, params![names, req.limit]),
-                (&sql::NEXT_KEYED_SQL, params![names, req.limit]),
-            ],
-            &mut |_, r| {
-                found.push(candidate(r)?);
-                Ok(())
-            },
-        )
+        let lanes: [(&crate::store::Sql, &[&dyn crate::store::ToSql]); 3] = [
+            (&sql::NEXT_QUEUED_SQL, params![names, req.limit]),
+            (&sql::NEXT_KEYED_SQL, params![names, req.limit]),
+            (&sql::RESCUABLE_SQL, params![names, now_ms]),
+        ];
+        tx.query_many(&lanes[..if req.rescue { 3 } else { 2 }], &mut |_, r| {
+            found.push(candidate(r)?);
+            Ok(())
+        })
         .map_err(|e| tx.fail(&e))?;
         // One order over both lanes: priority (higher first), due time, run id (bytewise).
         found.sort_by(|a, b| {
@@ -527,27 +528,36 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
             // one, never claimed.
             tx.mark_run_locked(&found.run_id)?;
             let lease = leases::or_created(tx, &found.run_id, found.lease)?;
-            decided.extend(leases::decide(&lease, RunStatus::Queued, spec, now_ms)?);
+            // A rescued run keeps its status; a queued one moves to `starting`.
+            let queued = found.status == RunStatus::Queued;
+            decided
+                .extend(leases::decide(&lease, found.status, spec, now_ms)?.map(|d| (d, queued)));
         }
         let writes = Writes {
-            claims: decided.iter().map(|d| d.row(true, now_ms)).collect(),
+            claims: decided
+                .iter()
+                .map(|(d, queued)| d.row(*queued, now_ms))
+                .collect(),
             ..Writes::default()
         };
         tx.write_rows(&writes).map_err(|e| tx.fail(&e))?;
-        let claims: Vec<Claim> = decided.into_iter().map(|d| d.claim).collect();
+        let claims: Vec<Claim> = decided.into_iter().map(|(d, _)| d.claim).collect();
         Ok(claims)
     })
 }
 
-/// A queued run `claim_next` may take: a row of [`sql::NEXT_QUEUED_SQL`] or
+/// A run `claim_next` may take: a row of [`sql::NEXT_QUEUED_SQL`] or
 /// [`sql::NEXT_KEYED_SQL`].
 struct Candidate {
     run_id: String,
     lease: Option<Lease>,
     priority: i64,
     due_at: i64,
-    /// Set for a run of the keyed lane: the key whose room it takes.
+    /// Set for a run of the keyed lane or a rescued run with a key: the key whose room it
+    /// takes (a key without a limit has no room to count).
     key: Option<String>,
+    /// `queued`, or the status of a run to rescue.
+    status: RunStatus,
 }
 
 fn candidate(r: &dyn Row) -> DbResult<Candidate> {
@@ -571,6 +581,7 @@ fn candidate(r: &dyn Row) -> DbResult<Candidate> {
         priority: r.get(4)?,
         due_at: r.get(5)?,
         key: r.get(6)?,
+        status: r.get(7)?,
     })
 }
 

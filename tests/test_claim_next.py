@@ -103,7 +103,9 @@ def _drainer(i: int, barrier: Any, queue: Any, target: str, batch: int) -> None:
     with fp.Ledger.open(target) as ledger:
         barrier.wait()
         while True:
-            kind, claims = outcome(lambda: ledger.claim_next(f"ctl-{i}", lease_ms=50, limit=batch))
+            kind, claims = outcome(
+                lambda: ledger.claim_next(f"ctl-{i}", lease_ms=50, limit=batch, rescue=False)
+            )
             if kind != "ok":
                 errors.append(f"{kind}: {claims}")
                 continue
@@ -117,8 +119,8 @@ def test_eight_processes_claim_every_run_exactly_once(target: str) -> None:
     with fp.Ledger.open(target) as ledger:
         for n in range(QUEUED):
             ledger.reserve_run(f"r{n:03d}", **queued(f"r{n:03d}"))
-    # Short leases that expire while the others drain: claim_next hands out queued runs only,
-    # so an expired claim is not handed out again (a takeover is claim() by id).
+    # Short leases that expire while the others drain: without rescue, claim_next hands out
+    # queued runs only, so an expired claim is not handed out again.
     results = run_all(_drainer, [(target, 1 + i % 3) for i in range(8)])
     claimed: dict[str, int] = {}
     for got, errors in results:

@@ -453,7 +453,7 @@ def test_the_fence_counts_and_trace_context_travel_and_older_archives_restore(
         assert ledger.prune(older_than=30 * DAY, archive=tmp_path / "new.jsonl").runs == 1
     lines = [json.loads(x) for x in (tmp_path / "new.jsonl").read_text().splitlines()]
     header = lines[0]
-    assert header["tables"]["leases"][-2:] == ["takeovers", "refused_writes"]
+    assert header["tables"]["leases"][-3:] == ["takeovers", "refused_writes", "run_ended"]
     assert header["tables"]["attempts"][-1] == "trace_context"
     assert header["tables"]["runs"][-3:] == ["not_before", "priority", "concurrency_key"]
     # The same archive as a library before schema 6 wrote it.
@@ -462,13 +462,13 @@ def test_the_fence_counts_and_trace_context_travel_and_older_archives_restore(
         **header,
         "tables": {
             **header["tables"],
-            "leases": header["tables"]["leases"][:-2],
+            "leases": header["tables"]["leases"][:-3],
             "attempts": header["tables"]["attempts"][:-1],
             "runs": header["tables"]["runs"][:-3],
         },
     }
     for line in old[1:-1]:
-        line["leases"] = [row[:-2] for row in line["leases"]]
+        line["leases"] = [row[:-3] for row in line["leases"]]
         line["attempts"] = [row[:-1] for row in line["attempts"]]
         line["runs"] = [row[:-3] for row in line["runs"]]
     (tmp_path / "old.jsonl").write_text("".join(json.dumps(x) + "\n" for x in old))

@@ -160,7 +160,7 @@ CASES: list[tuple[str, Edit, str]] = [
     (
         "a lease with half an owner",
         lambda ls, t: last(ls)["leases"].append(
-            [last(ls)["tree"], 1, None, "host:x", None, None, None, None, 0, 0]
+            [last(ls)["tree"], 1, None, "host:x", None, None, None, None, 0, 0, 1]
         ),
         "owner",
     ),

@@ -17,8 +17,8 @@ import pytest
 
 import fencepost as fp
 from tests.conftest import FakeClock, queued, raw_db
-from tests.processes import outcome, run_all
-from tests.test_store_migrate import UNDO_0008
+from tests.processes import kill_mid_flight, outcome, run_all
+from tests.test_store_migrate import UNDO_0008, UNDO_0008_SQLITE
 
 UTC = dt.UTC
 
@@ -171,7 +171,7 @@ def test_runs_queued_before_the_migration_are_claimed_in_their_order(
             clock.advance(1)
     with raw_db(target) as db:
         if hasattr(db, "executescript"):
-            db.executescript(UNDO_0008)
+            db.executescript(UNDO_0008_SQLITE)
         else:
             db.execute(UNDO_0008)
         db.execute("DELETE FROM schema_migrations WHERE version = 8")
@@ -323,6 +323,8 @@ def _claimer(i: int, barrier: Any, queue: Any, target: str) -> None:
             )
             if kind != "ok":
                 errors.append(f"{kind}: {claims}")
+                if len(errors) > 20:
+                    break
                 continue
             if not claims:
                 if not ledger.list_runs(status="queued", limit=1):
@@ -428,3 +430,106 @@ def test_an_archive_carries_how_a_run_was_scheduled(
         )  # fmt: skip
         assert ledger.concurrency_limits() == {"t": 2}
         assert ledger.paused_workflows() == ["deploy"]
+
+
+# ------------------------------------------------------------------ rescue
+
+
+def test_rescue_takes_over_a_run_whose_owner_lease_expired(
+    ledger: fp.Ledger, clock: FakeClock
+) -> None:
+    ledger.reserve_run("r", **queued("r"))
+    [old] = ledger.claim_next("w1", lease_ms=1_000)
+    ledger.set_status("r", "active", claim=old)
+    assert _claim_ids(ledger) == []  # the lease is live
+    clock.advance(1_000)  # expires_at <= now: expired
+    assert ledger.claim_next("w2", lease_ms=1_000, rescue=False) == []
+    [new] = ledger.claim_next("w2", lease_ms=5_000)
+    assert (new.run_id, new.generation, new.owner_id, new.taken_from) == ("r", 2, "w2", "w1")
+    run = ledger.get_run("r")
+    assert run is not None
+    assert run.status == "active"  # a takeover keeps the run's status
+    assert ledger.lease("r").takeovers == 1
+    with pytest.raises(fp.LeaseLost):
+        ledger.set_status("r", "completed", claim=old)
+    assert ledger.set_status("r", "completed", claim=new).status == "completed"
+    # The same runner rescuing its own expired lease: a new generation, no takeover.
+    ledger.reserve_run("s", **queued("s"))
+    [mine] = ledger.claim_next("w3", lease_ms=1_000)
+    clock.advance(1_000)
+    [again] = ledger.claim_next("w3", lease_ms=1_000)
+    assert (again.run_id, again.generation, again.taken_from) == ("s", 2, None)
+    assert ledger.lease("s").takeovers == 0
+    assert mine.token != again.token
+
+
+def test_released_and_ended_runs_are_not_rescued(ledger: fp.Ledger, clock: FakeClock) -> None:
+    for run_id in ["released", "ended", "cancelled"]:
+        ledger.reserve_run(run_id, **queued(run_id))
+    claims = {c.run_id: c for c in ledger.claim_next("w1", lease_ms=1_000, limit=3)}
+    ledger.release(claims["released"])
+    ledger.set_status("ended", "active", claim=claims["ended"])
+    ledger.set_status("ended", "completed", claim=claims["ended"])
+    assert ledger.abandon_run("cancelled")
+    clock.advance(10_000)
+    assert _claim_ids(ledger) == []
+
+
+def test_rescue_keeps_the_order_and_obeys_pauses_and_limits(
+    ledger: fp.Ledger, clock: FakeClock
+) -> None:
+    ledger.set_concurrency_limit("k", 1)
+    ledger.reserve_run("keyed", **queued("keyed", concurrency_key="k"))
+    ledger.reserve_run("paused", **queued("paused", workflow_name="build"))
+    ledger.reserve_run("high", **queued("high", priority=5))
+    got = ledger.claim_next("w1", lease_ms=1_000, limit=3)
+    assert [c.run_id for c in got] == ["high", "keyed", "paused"]
+    clock.advance(500)
+    ledger.reserve_run("queued-k", **queued("queued-k", concurrency_key="k"))
+    ledger.reserve_run("queued-low", **queued("queued-low", priority=-1))
+    clock.advance(500)  # all three leases expire now
+    ledger.pause_workflow("build")
+    # "high" by priority; "queued-k" (queued before "keyed" expired: due earlier) takes the
+    # key's one slot, so "keyed" waits; "paused" is held; "queued-low" last.
+    assert _claim_ids(ledger) == ["high", "queued-k", "queued-low"]
+    ledger.resume_workflow("build")
+    [paused] = ledger.claim_next("w2", lease_ms=1_000, limit=5)
+    assert (paused.run_id, paused.taken_from) == ("paused", "w1")
+
+
+def _hold_a_run(target: str, path: str, ready: Any) -> None:
+    """Claim the run, hand the claim's token to the test, then hang until killed."""
+    with fp.Ledger.open(target) as ledger:
+        [claim] = ledger.claim_next("doomed", lease_ms=1_500)
+        ledger.set_status(claim.run_id, "active", claim=claim)
+        with open(path, "w") as f:
+            f.write(claim.token)
+        ready.set()
+        time.sleep(60)
+
+
+def test_a_killed_owner_s_run_is_rescued_once_its_lease_expires(target: str, tmp_path: Any) -> None:
+    with fp.Ledger.open(target) as ledger:
+        ledger.reserve_run("job", **queued("job"))
+    token_file = str(tmp_path / "token")
+    kill_mid_flight(_hold_a_run, (target, token_file), pause_s=0.05)
+    with open(token_file) as f:
+        old_token = f.read()
+    with fp.Ledger.open(target) as ledger:
+        assert ledger.claim_next("rescuer", lease_ms=10_000) == []  # still live
+        deadline = time.monotonic() + 10
+        got: list[fp.Claim] = []
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.1)
+            got = ledger.claim_next("rescuer", lease_ms=10_000)
+        [claim] = got
+        assert (claim.run_id, claim.generation, claim.taken_from) == ("job", 2, "doomed")
+        old = fp.Claim(
+            run_id="job", generation=1, token=old_token, owner_id="doomed",
+            expires_at=claim.expires_at,
+        )  # fmt: skip
+        with pytest.raises(fp.LeaseLost):
+            ledger.set_status("job", "completed", claim=old)
+        assert ledger.set_status("job", "completed", claim=claim).status == "completed"
+        types = [e.type for e in ledger.events("job")]
+        assert types.count("lease.claimed") == 2

@@ -76,7 +76,7 @@ def test_a_schema_6_ledger_with_events_migrates_and_continues_its_seq(
         newest = ledger.events()[-1].seq
     # Back to schema 6: 0008's columns go, and 0007's table, with its triggers.
     with raw_db(path) as db:
-        db.executescript(UNDO_0008)
+        db.executescript(UNDO_0008_SQLITE)
         db.execute("DROP TABLE event_seq_floor")
         db.execute("DELETE FROM schema_migrations WHERE version >= 7")
     with fp.Ledger.open(str(path), clock=clock) as ledger:
@@ -197,14 +197,16 @@ DROP INDEX runs_prune, runs_definition_ref, runs_params_ref, runs_input_ref,
     runs_launch_options_ref, runs_source_ref, runs_plan_ref, runs_outputs_ref, events_rare_type;
 """
 # What 0005_queue added, taken away again.
-# What 0008_schedule added, taken away again (the same statements on both backends).
-UNDO_0008 = """
+# What 0008_schedule added, taken away again: the trigger (each dialect its own way), then the
+# same statements on both backends.
+_UNDO_0008 = """
 DROP INDEX runs_lane_due;
 DROP INDEX runs_lane_keyed;
 DROP INDEX runs_lane_later;
 DROP INDEX runs_queued_name;
 DROP INDEX runs_queued_key;
 DROP INDEX runs_key_live;
+DROP INDEX leases_rescue;
 DROP TABLE concurrency_limits;
 DROP TABLE paused_workflows;
 ALTER TABLE runs DROP COLUMN not_before;
@@ -212,7 +214,12 @@ ALTER TABLE runs DROP COLUMN priority;
 ALTER TABLE runs DROP COLUMN concurrency_key;
 ALTER TABLE runs DROP COLUMN due_at;
 ALTER TABLE runs DROP COLUMN queue_lane;
+ALTER TABLE leases DROP COLUMN run_ended;
 """
+UNDO_0008_SQLITE = "DROP TRIGGER runs_ended_lease;" + _UNDO_0008
+UNDO_0008 = (
+    "DROP TRIGGER runs_ended_lease ON runs; DROP FUNCTION fencepost_run_ended();" + _UNDO_0008
+)
 UNDO_0006 = """
 ALTER TABLE leases DROP COLUMN takeovers, DROP COLUMN refused_writes;
 ALTER TABLE attempts DROP COLUMN trace_context;

@@ -759,6 +759,7 @@ class Ledger:
         workflow_names: str | Iterable[str] | None = None,
         limit: int = 1,
         token: str | None = None,
+        rescue: bool = True,
     ) -> list[Claim]:
         """Claim the next due queued runs, at most ``limit`` (1 to 1 000), optionally only of
         ``workflow_names``: each as ``claim`` does (the next generation, ``starting``, a
@@ -769,9 +770,16 @@ class Ledger:
         claims count) are passed over. Two controllers never get the same run, and on
         PostgreSQL neither waits for the other's runs: each skips the runs another holds (a
         key's limit is counted under a lock of that key). ``[]`` when nothing is due.
-        ``token`` is for a single claim (``limit=1``); otherwise each claim gets its own."""
+        ``token`` is for a single claim (``limit=1``); otherwise each claim gets its own.
+
+        ``rescue`` (on by default) also takes over runs that have not ended whose owner's
+        lease has expired (a released lease is not rescued), in the same order with the expiry
+        as due time, obeying paused workflows and key limits: the run keeps its status, the
+        generation goes up by one (the old owner's writes are refused from then on),
+        ``Claim.taken_from`` names the old owner when it was another runner, and
+        ``Lease.takeovers`` counts it."""
         names = _refs(workflow_names, "workflow_names")
-        return self._core.claim_next(runner_id, lease_ms, names, limit, token)
+        return self._core.claim_next(runner_id, lease_ms, names, limit, token, rescue)
 
     def set_concurrency_limit(self, concurrency_key: str, limit: int | None) -> None:
         """At most ``limit`` runs with ``concurrency_key`` hold live leases (``0`` holds the

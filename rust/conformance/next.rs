@@ -30,6 +30,7 @@ fn next(store: &mut dyn Store, limit: i64, now: i64) -> Vec<Claim> {
         workflow_names: None,
         limit,
         token: None,
+        rescue: true,
     };
     queue::claim_next(store, &req, now).expect("claim_next")
 }

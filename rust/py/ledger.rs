@@ -620,6 +620,8 @@ impl PyLedger {
         self.run(py, |s, _| queue::paused_workflows(s))
     }
 
+    // The Python signature's own arguments, one each.
+    #[allow(clippy::too_many_arguments)]
     fn claim_next<'py>(
         &self,
         py: Python<'py>,
@@ -628,6 +630,7 @@ impl PyLedger {
         workflow_names: &Bound<'py, PyAny>,
         limit: &Bound<'py, PyAny>,
         token: &Bound<'py, PyAny>,
+        rescue: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let req = queue::NextClaims {
             runner_id: text(runner_id, "runner_id")?,
@@ -635,6 +638,7 @@ impl PyLedger {
             workflow_names: str_list(workflow_names, "workflow_names")?,
             limit: int(limit, "limit")?,
             token: opt_text(token, "token")?,
+            rescue: flag(rescue, "rescue")?,
         };
         let claims = self.run(py, move |s, now| queue::claim_next(s, &req, now))?;
         claims.into_iter().map(|c| records::claim(py, c)).collect()

@@ -26,13 +26,15 @@ pub const FORMAT: i64 = 1;
 /// them takes on restore: an older archive's header lists the table's columns without them (a
 /// prefix of today's), and its rows are as wide as its header. Appended only at a table's end,
 /// so what an older header lists is always a prefix.
-pub const ADDED_COLUMNS: [(&str, &str, Cell); 6] = [
+pub const ADDED_COLUMNS: [(&str, &str, Cell); 7] = [
     ("attempts", "trace_context", Cell::Null),
     ("leases", "takeovers", Cell::Int(0)),
     ("leases", "refused_writes", Cell::Int(0)),
     ("runs", "not_before", Cell::Null),
     ("runs", "priority", Cell::Int(0)),
     ("runs", "concurrency_key", Cell::Null),
+    // Every archived run has ended (only terminal trees are pruned).
+    ("leases", "run_ended", Cell::Int(1)),
 ];
 
 /// One archived table: its columns in schema order, the column that ties a row to its run (or
@@ -204,6 +206,7 @@ pub const RUN_TABLES: [Table; 6] = [
             "expires_at",
             "takeovers",
             "refused_writes",
+            "run_ended",
         ],
         key: "resource_id",
         order: "resource_id",

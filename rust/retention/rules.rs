@@ -104,7 +104,7 @@ pub fn column(table: &str, column: &str) -> Option<Column> {
         | ("units" | "attempts", "unit_id")
         | ("attempts", "dispatch_id")
         | ("events", "type") => (Kind::Key, REQ),
-        ("runs", "guarded") => (Kind::Int(0, 1), REQ),
+        ("runs", "guarded") | ("leases", "run_ended") => (Kind::Int(0, 1), REQ),
         ("runs", "priority") => (Kind::Int(MIN_PRIORITY, MAX_PRIORITY), REQ),
         ("runs", "status") => (Kind::Enum(run_status), REQ),
         ("steps", "status") => (Kind::Enum(step_status), REQ),

@@ -567,7 +567,8 @@ pub const OWNED_LEASES_SQL: Sql = Sql::same(
 /// SQLite is told the index: with few queued runs its costs prefer `runs_status_recent` and a
 /// sort, which would sort the whole backlog on every call once it is large.
 pub const NEXT_QUEUED_SQL: Sql = Sql::split(
-    "SELECT r.run_id, l.generation, l.owner_id, l.expires_at, r.priority, r.due_at, NULL
+    "SELECT r.run_id, l.generation, l.owner_id, l.expires_at, r.priority, r.due_at, NULL,
+        r.status
     FROM runs r INDEXED BY runs_lane_due LEFT JOIN leases l ON l.resource_id = r.run_id
     WHERE r.status = 'queued' AND r.queue_lane = 'due'
       AND (?1 IS NULL OR r.workflow_name IN (SELECT value FROM json_each(?1)))
@@ -579,21 +580,21 @@ pub const NEXT_QUEUED_SQL: Sql = Sql::split(
         ORDER BY priority DESC, due_at, run_id COLLATE \"C\" LIMIT CAST(?2 AS BIGINT)
         FOR UPDATE SKIP LOCKED)
     SELECT q.run_id, l.generation, l.owner_id, l.expires_at, q.priority, q.due_at,
-        CAST(NULL AS TEXT) FROM q
+        CAST(NULL AS TEXT), 'queued' FROM q
     LEFT JOIN LATERAL (
         SELECT generation, owner_id, expires_at FROM leases
         WHERE resource_id = q.run_id OFFSET 0) l ON TRUE
     ORDER BY q.priority DESC, q.due_at, q.run_id COLLATE \"C\"",
 );
-/// The keyed lane's next runs for `claim_next`, the columns of [`NEXT_QUEUED_SQL`] with each
-/// run's key: for every key whose limit is above 0, its first ?2 due queued runs in claim
+/// The keyed lane's next runs for `claim_next`, the columns of [`NEXT_QUEUED_SQL`] (which
+/// reads NULL for the key, and each run's status, `queued` here too) with each run's key: for every key whose limit is above 0, its first ?2 due queued runs in claim
 /// order; ?1 the workflow names (NULL: any). One range of `runs_lane_keyed` per limited key
 /// (a key held at 0 is not read at all), so the read costs what the keys do, not what their
 /// backlogs do. Whether a key has room is decided after its limit is locked
 /// ([`LOCK_KEYS_SQL`], [`KEY_ROOM_SQL`]); PostgreSQL locks the runs read as the due lane does.
 pub const NEXT_KEYED_SQL: Sql = Sql::split(
     "SELECT r.run_id, l.generation, l.owner_id, l.expires_at, r.priority, r.due_at,
-        r.concurrency_key
+        r.concurrency_key, r.status
     FROM concurrency_limits c
     JOIN runs r ON r.run_id IN (
         SELECT k.run_id FROM runs k INDEXED BY runs_lane_keyed
@@ -604,7 +605,7 @@ pub const NEXT_KEYED_SQL: Sql = Sql::split(
     LEFT JOIN leases l ON l.resource_id = r.run_id
     WHERE c.max_live > 0",
     "SELECT q.run_id, l.generation, l.owner_id, l.expires_at, q.priority, q.due_at,
-        q.concurrency_key
+        q.concurrency_key, 'queued'
     FROM concurrency_limits c
     CROSS JOIN LATERAL (
         SELECT run_id, priority, due_at, concurrency_key FROM runs
@@ -617,6 +618,42 @@ pub const NEXT_KEYED_SQL: Sql = Sql::split(
         SELECT generation, owner_id, expires_at FROM leases
         WHERE resource_id = q.run_id OFFSET 0) l ON TRUE
     WHERE c.max_live > 0",
+);
+/// The runs `claim_next` may rescue, the columns of [`NEXT_KEYED_SQL`]: runs that have not
+/// ended whose owner's lease expired at or before ?3, oldest expiry first, at most
+/// [`crate::queue::MAX_NEXT`] (the caller orders them by priority among the queued runs, with
+/// the expiry as due time); ?1 the workflow names (NULL: any), runs of paused workflows left
+/// out. A range of `leases_rescue`, which holds the owned leases of runs that have not ended:
+/// the read costs what has expired and not been rescued, not what has ever been claimed.
+/// PostgreSQL locks the leases, then their runs, skipping those another transaction holds (so
+/// it never waits, and cannot wait in a cycle with a claim or heartbeat, which lock the run
+/// first); a lease its owner renewed after this statement's snapshot is read again under the
+/// lock and left out. The leases are read first, by their index, each run then probed by its
+/// key: joined, PostgreSQL may prefer a walk of every live run when many leases have expired.
+pub const RESCUABLE_SQL: Sql = Sql::split(
+    "SELECT r.run_id, l.generation, l.owner_id, l.expires_at, r.priority, l.expires_at,
+        r.concurrency_key, r.status
+    FROM leases l INDEXED BY leases_rescue JOIN runs r ON r.run_id = l.resource_id
+    WHERE l.expires_at IS NOT NULL AND l.run_ended = 0 AND l.expires_at <= ?2
+      AND r.status IN ('starting', 'active', 'blocked', 'parked')
+      AND (?1 IS NULL OR r.workflow_name IN (SELECT value FROM json_each(?1)))
+      AND NOT EXISTS (SELECT 1 FROM paused_workflows p WHERE p.workflow_name = r.workflow_name)
+    ORDER BY l.expires_at, l.resource_id LIMIT 1000",
+    "WITH x AS MATERIALIZED (
+        SELECT resource_id, generation, owner_id, expires_at FROM leases
+        WHERE expires_at IS NOT NULL AND run_ended = 0 AND expires_at <= CAST(?2 AS BIGINT)
+        ORDER BY expires_at, resource_id COLLATE \"C\" LIMIT 1000
+        FOR UPDATE SKIP LOCKED)
+    SELECT r.run_id, x.generation, x.owner_id, x.expires_at, r.priority, x.expires_at,
+        r.concurrency_key, r.status
+    FROM x CROSS JOIN LATERAL (
+        SELECT run_id, priority, concurrency_key, status, workflow_name FROM runs
+        WHERE run_id = x.resource_id AND status IN ('starting', 'active', 'blocked', 'parked')
+        FOR UPDATE SKIP LOCKED) r
+    WHERE (CAST(?1 AS TEXT) IS NULL
+           OR r.workflow_name IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb)))
+      AND NOT EXISTS (SELECT 1 FROM paused_workflows p WHERE p.workflow_name = r.workflow_name)
+    ORDER BY x.expires_at, r.run_id COLLATE \"C\"",
 );
 /// Lock the limits of the keys ?1 (a JSON array) until the transaction ends, in key order (two
 /// claimers never wait on each other in a cycle): on PostgreSQL, whoever counts a key's live
@@ -715,28 +752,33 @@ pub const WORKFLOW_PAUSED_SQL: Sql =
 /// Whether a key has a limit: a primary-key probe.
 pub const KEY_LIMITED_SQL: Sql =
     Sql::same("SELECT 1 FROM concurrency_limits WHERE concurrency_key = ?1");
+/// The lane a run that has come due moves to, and the start of the statement that moves them.
+macro_rules! promote_due {
+    () => {
+        "UPDATE runs SET queue_lane = CASE
+            WHEN EXISTS (SELECT 1 FROM paused_workflows p
+                         WHERE p.workflow_name = runs.workflow_name) THEN 'paused'
+            WHEN EXISTS (SELECT 1 FROM concurrency_limits c
+                         WHERE c.concurrency_key = runs.concurrency_key) THEN 'keyed'
+            ELSE 'due' END
+        WHERE run_id IN (SELECT run_id FROM runs "
+    };
+}
 /// Move the queued runs that have come due (?1 now) out of the `later` lane, by the rule of
 /// `queue::lane`: a range of `runs_lane_later`, so a claim pays for what has come due since
 /// the last one, not for the runs still waiting. PostgreSQL skips runs another claimer is
 /// moving (it moves them, the same way) rather than wait for its commit.
 pub const PROMOTE_DUE_SQL: Sql = Sql::split(
-    "UPDATE runs SET queue_lane = CASE
-        WHEN EXISTS (SELECT 1 FROM paused_workflows p WHERE p.workflow_name = runs.workflow_name)
-            THEN 'paused'
-        WHEN EXISTS (SELECT 1 FROM concurrency_limits c
-                     WHERE c.concurrency_key = runs.concurrency_key) THEN 'keyed'
-        ELSE 'due' END
-    WHERE run_id IN (SELECT run_id FROM runs INDEXED BY runs_lane_later
-        WHERE status = 'queued' AND queue_lane = 'later' AND due_at <= ?1)",
-    "UPDATE runs SET queue_lane = CASE
-        WHEN EXISTS (SELECT 1 FROM paused_workflows p WHERE p.workflow_name = runs.workflow_name)
-            THEN 'paused'
-        WHEN EXISTS (SELECT 1 FROM concurrency_limits c
-                     WHERE c.concurrency_key = runs.concurrency_key) THEN 'keyed'
-        ELSE 'due' END
-    WHERE run_id IN (SELECT run_id FROM runs
-        WHERE status = 'queued' AND queue_lane = 'later' AND due_at <= CAST(?1 AS BIGINT)
-        FOR UPDATE SKIP LOCKED)",
+    concat!(
+        promote_due!(),
+        "INDEXED BY runs_lane_later
+        WHERE status = 'queued' AND queue_lane = 'later' AND due_at <= ?1)"
+    ),
+    concat!(
+        promote_due!(),
+        "WHERE status = 'queued' AND queue_lane = 'later' AND due_at <= CAST(?1 AS BIGINT)
+        FOR UPDATE SKIP LOCKED)"
+    ),
 );
 /// What `prepare_or_adopt` compares, plus the status (a terminal run is not adopted).
 pub const PREPARATION_SQL: Sql = Sql::same(

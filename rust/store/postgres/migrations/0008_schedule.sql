@@ -33,3 +33,19 @@ CREATE TABLE paused_workflows (
     workflow_name TEXT PRIMARY KEY,
     paused_at     BIGINT NOT NULL
 );
+
+-- Rescue: the same column, index and trigger as the SQLite twin (see it for why).
+ALTER TABLE leases ADD COLUMN run_ended BIGINT NOT NULL DEFAULT 0 CHECK (run_ended IN (0, 1));
+UPDATE leases SET run_ended = 1 WHERE resource_id IN (
+    SELECT run_id FROM runs WHERE status IN ('completed', 'failed', 'cancelled'));
+CREATE INDEX leases_rescue ON leases(expires_at, resource_id COLLATE "C")
+    WHERE expires_at IS NOT NULL AND run_ended = 0;
+CREATE FUNCTION fencepost_run_ended() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE leases SET run_ended = 1 WHERE resource_id = NEW.run_id AND run_ended = 0;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER runs_ended_lease AFTER UPDATE OF status ON runs FOR EACH ROW
+    WHEN (NEW.status IN ('completed', 'failed', 'cancelled'))
+    EXECUTE FUNCTION fencepost_run_ended();

@@ -54,3 +54,21 @@ CREATE TABLE paused_workflows (
     workflow_name TEXT PRIMARY KEY,
     paused_at     INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
+
+-- Rescue: `claim_next` also takes over runs whose owner's lease expired. A lease names its
+-- owner until a claim or a release replaces it, whatever becomes of its run, so the owned
+-- leases past their expiry include those of every run that ended without a release; walking
+-- them would cost what the ledger's history does. `run_ended` marks a lease whose run has
+-- ended (set by the trigger below on every move to a terminal status, whatever path makes
+-- it), and `leases_rescue` holds the owned leases of runs that have not, by expiry: a rescue
+-- reads those that have expired, which a live controller keeps few.
+ALTER TABLE leases ADD COLUMN run_ended INTEGER NOT NULL DEFAULT 0 CHECK (run_ended IN (0, 1));
+UPDATE leases SET run_ended = 1 WHERE resource_id IN (
+    SELECT run_id FROM runs WHERE status IN ('completed', 'failed', 'cancelled'));
+CREATE INDEX leases_rescue ON leases(expires_at, resource_id)
+    WHERE expires_at IS NOT NULL AND run_ended = 0;
+CREATE TRIGGER runs_ended_lease AFTER UPDATE OF status ON runs
+WHEN NEW.status IN ('completed', 'failed', 'cancelled')
+BEGIN
+    UPDATE leases SET run_ended = 1 WHERE resource_id = NEW.run_id AND run_ended = 0;
+END;

@@ -111,7 +111,8 @@ def test_prefix_errors(demo: tuple[pathlib.Path, dict[str, Any], str]) -> None:
 
 def test_read_commands_never_create_a_database(tmp_path: pathlib.Path) -> None:
     missing = tmp_path / "missing.db"
-    for command in (["runs"], ["show", "x"], ["events"], ["leases"], ["doctor"]):
+    for command in (["runs"], ["show", "x"], ["events"], ["leases"], ["doctor"], ["limits"],
+                    ["pause", "wf"], ["resume", "wf"]):  # fmt: skip
         done = cli(*command, "--db", str(missing))
         assert done.returncode == 1, command
         assert "no ledger at" in done.stderr
@@ -237,3 +238,42 @@ def test_sqlite_urls_name_the_same_file_for_every_command(tmp_path: pathlib.Path
         )  # fmt: skip
         assert done.returncode == 0, (db, done.stderr)
         assert [r["run_id"] for r in json.loads(done.stdout)] == ["r1"]
+
+
+def test_the_queue_limits_and_pauses(tmp_path: pathlib.Path) -> None:
+    """``runs --queued`` shows what claim_next goes by; ``limits`` shows and sets limits;
+    ``pause``/``resume`` change what claim_next hands out."""
+    from tests.conftest import queued
+
+    db = tmp_path / "q.db"
+    with fp.Ledger.open(str(db)) as ledger:
+        ledger.reserve_run("soon", **queued("soon", priority=3, concurrency_key="tenant-a"))
+        ledger.reserve_run("later", **queued("later", not_before=datetime.timedelta(days=1)))
+    shown = cli("runs", "--queued", "--db", str(db))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].split() == ["RUN", "WORKFLOW", "DUE", "AT", "DUE", "PRIORITY", "KEY"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert rows["soon"][3:] == ["yes", "3", "tenant-a"]
+    assert rows["later"][3:5] == ["no", "0"]
+    as_json = json.loads(cli("runs", "--queued", "--json", "--db", str(db)).stdout)
+    assert {r["run_id"]: r["priority"] for r in as_json} == {"soon": 3, "later": 0}
+
+    assert cli("limits", "tenant-a", "0", "--db", str(db)).returncode == 0
+    listed = cli("limits", "--json", "--db", str(db))
+    assert json.loads(listed.stdout) == {"tenant-a": 0}
+    bad = cli("limits", "tenant-a", "-1", "--db", str(db))
+    assert bad.returncode == 2
+    assert "limit" in bad.stderr
+    words = cli("limits", "tenant-a", "many", "--db", str(db))
+    assert words.returncode == 1
+    assert "not a whole number" in words.stderr
+    paused = cli("pause", "deploy", "--json", "--db", str(db))
+    assert json.loads(paused.stdout) == ["deploy"]
+    with fp.Ledger.open(str(db)) as ledger:
+        assert ledger.concurrency_limits() == {"tenant-a": 0}
+        assert ledger.claim_next("ctl", lease_ms=1000) == []  # held by key and by pause
+    assert cli("limits", "tenant-a", "none", "--db", str(db)).returncode == 0
+    assert json.loads(cli("resume", "deploy", "--json", "--db", str(db)).stdout) == []
+    with fp.Ledger.open(str(db)) as ledger:
+        assert [c.run_id for c in ledger.claim_next("ctl", lease_ms=1000)] == ["soon"]

@@ -81,12 +81,23 @@ def cmd_runs(args: argparse.Namespace, out: TextIO) -> int:
             scope_key=fp.ALL_SCOPES if args.scope is None else args.scope,
             active_only=args.active,
             include_children=args.children,
-            status=args.status,
+            status=["queued"] if args.queued else args.status,
             limit=args.limit,
             after=after,
         )
     if args.json:
         write_json(runs, out)
+    elif args.queued:
+        # What claim_next goes by: due time (not_before, else when it was queued), whether it
+        # is due yet, priority, key.
+        clock = datetime.datetime.now(datetime.UTC)
+        queue = [
+            (r.run_id, r.workflow_name, iso(r.not_before or r.created_at),
+             "yes" if (r.not_before or r.created_at) <= clock else "no", r.priority,
+             r.concurrency_key)
+            for r in runs
+        ]  # fmt: skip
+        table(queue, ["RUN", "WORKFLOW", "DUE AT", "DUE", "PRIORITY", "KEY"], out)
     else:
         rows = [
             (r.run_id, r.status, r.workflow_ref, r.scope_key, r.current_step_id, r.revision,
@@ -101,6 +112,44 @@ def cmd_runs(args: argparse.Namespace, out: TextIO) -> int:
             f"{len(runs)} runs shown (--limit); the next page: --after {runs[-1].run_id}\n"
         )
     return EXIT_OK
+
+
+def cmd_limits(args: argparse.Namespace, out: TextIO) -> int:
+    """Show every key's limit, or set one (``none`` removes it)."""
+    with open_existing(args.db) as ledger:
+        if args.key is not None:
+            if args.limit is None:
+                raise Refused("give the key's limit (0 or more), or none to remove it")
+            limit = None if args.limit.lower() == "none" else _count(args.limit)
+            ledger.set_concurrency_limit(args.key, limit)
+        limits = ledger.concurrency_limits()
+    if args.json:
+        write_json(limits, out)
+    else:
+        table(sorted(limits.items()), ["KEY", "LIMIT"], out)
+    return EXIT_OK
+
+
+def cmd_pause(args: argparse.Namespace, out: TextIO) -> int:
+    """Pause or resume a workflow's claims; print the paused workflows."""
+    with open_existing(args.db) as ledger:
+        if args.command == "pause":
+            ledger.pause_workflow(args.workflow)
+        else:
+            ledger.resume_workflow(args.workflow)
+        paused = ledger.paused_workflows()
+    if args.json:
+        write_json(paused, out)
+    else:
+        table([(name,) for name in paused], ["PAUSED"], out)
+    return EXIT_OK
+
+
+def _count(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise Refused(f"limit {text!r} is not a whole number; give 0 or more, or none") from None
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
@@ -426,7 +475,26 @@ def parser() -> argparse.ArgumentParser:
         "--limit", type=_page, default=1000, help="runs per page (at most 10000; default 1000)"
     )
     r.add_argument("--after", metavar="RUN_PREFIX", help="the page after this run")
+    r.add_argument(
+        "--queued",
+        action="store_true",
+        help="only queued runs, with their due time, priority and concurrency key",
+    )
     r.set_defaults(func=cmd_runs)
+
+    li = sub.add_parser(
+        "limits", parents=[common], help="concurrency limits: show them, or set one"
+    )
+    li.add_argument("key", nargs="?", metavar="KEY", help="the concurrency key to set")
+    li.add_argument("limit", nargs="?", metavar="LIMIT", help="live leases allowed, or none")
+    li.set_defaults(func=cmd_limits)
+    for name, says in (
+        ("pause", "stop claim_next handing out a workflow's runs"),
+        ("resume", "let claim_next hand out a paused workflow's runs again"),
+    ):
+        pa = sub.add_parser(name, parents=[common], help=says)
+        pa.add_argument("workflow", metavar="WORKFLOW")
+        pa.set_defaults(func=cmd_pause)
 
     s = sub.add_parser("show", parents=[common], help="one run: steps, units, lease, accounting")
     s.add_argument("run_prefix", metavar="RUN_PREFIX")

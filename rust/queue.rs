@@ -501,19 +501,21 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
                 b.run_id.as_bytes(),
             ))
         });
-        let mut room = key_room(tx, &found, now_ms)?;
+        let mut room = key_room(tx, &found, req.limit, now_ms)?;
         let mut decided = Vec::new();
         for found in found {
             if i64::try_from(decided.len()).is_ok_and(|n| n == req.limit) {
                 break;
             }
             // A key without room passes its run over; this call's own claims count against
-            // it. A key whose limit was removed meanwhile has none to count against.
-            if let Some(left) = found.key.as_ref().and_then(|k| room.get_mut(k)) {
-                if *left <= 0 {
-                    continue;
+            // it. A key whose limit was removed meanwhile has none to count against. A key
+            // that was not counted (out of reach when the room was counted: only when a run
+            // before it could not be claimed) is passed over too.
+            if let Some(key) = &found.key {
+                match room.get_mut(key) {
+                    Some(left) if *left > 0 => *left -= 1,
+                    _ => continue,
                 }
-                *left -= 1;
             }
             let drawn;
             let spec = if decided.is_empty() {
@@ -585,19 +587,44 @@ fn candidate(r: &dyn Row) -> DbResult<Candidate> {
     })
 }
 
-/// The room of each key among `found`, counted with the keys' limits locked (see
-/// [`sql::LOCK_KEYS_SQL`]): the lock is sent with the count, whose snapshot then follows it.
-fn key_room(tx: &dyn Tx, found: &[Candidate], now_ms: i64) -> Result<HashMap<String, i64>> {
-    let keys: BTreeSet<&String> = found.iter().filter_map(|f| f.key.as_ref()).collect();
+/// The room of each key the claim may reach in `found` (sorted): the keys of the runs before
+/// the `limit`-th run without a key, which is taken whatever the keys' room; past it no keyed
+/// run can be. Counted with those keys' limits locked (see [`sql::LOCK_KEYS_SQL`]): the lock is
+/// sent with the count, whose snapshot then follows it. A claim whose keyed candidates are all
+/// out of reach locks no key and spends no round trip on them.
+fn key_room(
+    tx: &dyn Tx,
+    found: &[Candidate],
+    limit: i64,
+    now_ms: i64,
+) -> Result<HashMap<String, i64>> {
+    let mut keys = BTreeSet::new();
+    let mut unkeyed = 0;
+    for f in found {
+        if unkeyed >= limit {
+            break;
+        }
+        match &f.key {
+            Some(key) => {
+                keys.insert(key);
+            }
+            None => unkeyed += 1,
+        }
+    }
     if keys.is_empty() {
         return Ok(HashMap::new());
     }
-    let keys = events::json_array(&keys.into_iter().cloned().collect::<Vec<_>>());
-    tx.exec_later(&sql::LOCK_KEYS_SQL, params![keys])?;
-    let rows = tx.rows(&sql::KEY_ROOM_SQL, params![keys, now_ms], |r| {
+    let json = events::json_array(&keys.iter().map(|k| (*k).clone()).collect::<Vec<_>>());
+    tx.exec_later(&sql::LOCK_KEYS_SQL, params![json])?;
+    let mut room: HashMap<String, i64> = keys.into_iter().map(|k| (k.clone(), i64::MAX)).collect();
+    // A key without a limit row (a rescued run's key that has none, or a limit removed
+    // meanwhile) keeps its unbounded room.
+    for (key, left) in tx.rows(&sql::KEY_ROOM_SQL, params![json, now_ms], |r| {
         Ok((r.get::<String>(0)?, r.get::<i64>(1)?))
-    })?;
-    Ok(rows.into_iter().collect())
+    })? {
+        room.insert(key, left);
+    }
+    Ok(room)
 }
 
 /// Set the limit of live leases for runs with `concurrency_key` (`None` removes it), and move

@@ -131,3 +131,65 @@ fn claim_next_takes_two_round_trips_on_postgres() {
     let (mut store, _schema) = crate::store::testing::postgres_fresh();
     claim_next_takes_two_round_trips(store.as_mut());
 }
+
+/// A run with a limited key costs a claim one round trip more (its key's lock and count), and
+/// only when the claim may reach it: keyed runs behind as many runs without a key as the
+/// claim takes are not counted, and cost nothing.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_key_is_counted_only_when_a_claim_may_reach_it() {
+    let (mut store, _schema) = crate::store::testing::postgres_fresh();
+    let store = store.as_mut();
+    for key in ["h", "k"] {
+        queue::set_concurrency_limit(store, key, Some(5), T0).expect("limit");
+    }
+    // First in order, two runs of "h", claimed first to prepare every statement; then the
+    // runs without a key; then those of "k".
+    for (run, priority, key) in [
+        ("hot0", 2, Some("h")),
+        ("hot1", 2, Some("h")),
+        ("free0", 1, None),
+        ("free1", 1, None),
+        ("free2", 1, None),
+        ("free3", 1, None),
+        ("keyed0", 0, Some("k")),
+        ("keyed1", 0, Some("k")),
+        ("keyed2", 0, Some("k")),
+    ] {
+        let mut q = queued(run);
+        q.priority = priority;
+        q.concurrency_key = key.map(str::to_owned);
+        queue::reserve_run(store, &q, T0).expect("reserve_run");
+    }
+    let trips = |store: &mut dyn Store| {
+        store
+            .read("counting round trips", |tx| Ok(tx.round_trips()))
+            .expect("round trips")
+    };
+    next(store, 1, T0 + 20);
+    next(store, 2, T0 + 20);
+    let mut spent = Vec::new();
+    for limit in [1, 2, 3] {
+        let before = trips(store);
+        let got: Vec<String> = next(store, limit, T0 + 20)
+            .into_iter()
+            .map(|c| c.run_id)
+            .collect();
+        spent.push((trips(store) - before, got));
+    }
+    assert_eq!(
+        spent,
+        [
+            (2, vec!["free1".to_owned()]),
+            (2, vec!["free2".to_owned(), "free3".to_owned()]),
+            (
+                3,
+                vec![
+                    "keyed0".to_owned(),
+                    "keyed1".to_owned(),
+                    "keyed2".to_owned()
+                ]
+            ),
+        ]
+    );
+}

@@ -208,39 +208,6 @@ fn continue_parent(tx: &dyn Tx, req: &NewQueuedRun, parent: &str, now_ms: i64) -
     Ok(())
 }
 
-/// The lane a run is queued in (see `0008_schedule.sql`): `later` until it is due, then
-/// `paused` while its workflow is, `keyed` while its key has a limit, else `due`. `claim_next`
-/// moves runs out of `later` by the same rule ([`sql::PROMOTE_DUE_SQL`]).
-fn lane(
-    tx: &dyn Tx,
-    req: &NewQueuedRun,
-    not_before: Option<i64>,
-    now_ms: i64,
-) -> Result<&'static str> {
-    if not_before.is_some_and(|at| at > now_ms) {
-        return Ok("later");
-    }
-    if tx
-        .row(
-            &sql::WORKFLOW_PAUSED_SQL,
-            params![&req.workflow_name],
-            |_| Ok(()),
-        )?
-        .is_some()
-    {
-        return Ok("paused");
-    }
-    if let Some(key) = &req.concurrency_key {
-        if tx
-            .row(&sql::KEY_LIMITED_SQL, params![key], |_| Ok(()))?
-            .is_some()
-        {
-            return Ok("keyed");
-        }
-    }
-    Ok("due")
-}
-
 /// The body of `reserve_run`, inside the caller's transaction.
 fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
     if tx
@@ -271,7 +238,6 @@ fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
         params![req.definition.digest, req.workflow_name, now_ms],
     )?;
     let not_before = req.not_before.at(now_ms);
-    let lane = lane(tx, req, not_before, now_ms)?;
     tx.exec_later(
         &sql::RESERVE_RUN_INSERT_SQL,
         params![
@@ -289,8 +255,7 @@ fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
             not_before,
             req.priority,
             req.concurrency_key,
-            not_before.unwrap_or(now_ms),
-            lane
+            not_before.unwrap_or(now_ms)
         ],
     )?;
     tx.exec_later(&sql::CREATE_LEASE_SQL, params![&req.run_id])?;

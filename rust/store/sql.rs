@@ -726,46 +726,56 @@ pub const PAUSE_LANE_SQL: Sql = Sql::same(
     "UPDATE runs SET queue_lane = 'paused'
     WHERE status = 'queued' AND workflow_name = ?1 AND queue_lane IN ('due', 'keyed')",
 );
-/// Resuming puts them back, in the lane their key says.
-pub const RESUME_LANE_SQL: Sql = Sql::same(
-    "UPDATE runs SET queue_lane = CASE
-        WHEN EXISTS (SELECT 1 FROM concurrency_limits c
-                     WHERE c.concurrency_key = runs.concurrency_key) THEN 'keyed'
-        ELSE 'due' END
-    WHERE status = 'queued' AND workflow_name = ?1 AND queue_lane = 'paused'",
-);
+/// The lane of a queued run that is due, with workflow name `$name` and key `$key` (see
+/// `0008_schedule.sql`): `paused` while its workflow is, `keyed` while its key has a limit,
+/// else `due`; each a primary-key probe. The one statement of the rule: queueing a run,
+/// moving the runs that come due and resuming a workflow all write it.
+macro_rules! due_lane {
+    ($name:literal, $key:literal) => {
+        concat!(
+            "CASE WHEN EXISTS (SELECT 1 FROM paused_workflows p WHERE p.workflow_name = ",
+            $name,
+            ") THEN 'paused' WHEN EXISTS (SELECT 1 FROM concurrency_limits c
+                WHERE c.concurrency_key = ",
+            $key,
+            ") THEN 'keyed' ELSE 'due' END"
+        )
+    };
+}
+/// Resuming puts them back, in the lane the rule gives (the pause is gone by then).
+pub const RESUME_LANE_SQL: Sql = Sql::same(concat!(
+    "UPDATE runs SET queue_lane = ",
+    due_lane!("runs.workflow_name", "runs.concurrency_key"),
+    " WHERE status = 'queued' AND workflow_name = ?1 AND queue_lane = 'paused'"
+));
 pub const DEFINITION_INSERT_SQL: Sql = Sql::same(
     "INSERT INTO definitions(definition_digest,
     workflow_name, created_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
 );
-/// ?12 `not_before`, ?13 `priority`, ?14 `concurrency_key`, ?15 `due_at`, ?16 the lane.
-pub const RESERVE_RUN_INSERT_SQL: Sql = Sql::same(
+/// ?12 `not_before`, ?13 `priority`, ?14 `concurrency_key`, ?15 `due_at`. The run's lane is
+/// `later` until it is due (`due_at` after now, ?11), then the lane `due_lane!` gives.
+pub const RESERVE_RUN_INSERT_SQL: Sql = Sql::same(concat!(
     "INSERT INTO runs(run_id, workflow_ref, workflow_name,
     definition_digest, guarded, status, input, launch_options, source, parent_run_id,
     origin_session_id, runner_id, created_at, updated_at,
     not_before, priority, concurrency_key, due_at, queue_lane)
-    VALUES (?1, ?2, ?3, ?4, 0, 'queued', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, ?12, ?13, ?14, ?15, ?16)",
-);
-/// Whether a workflow is paused: a primary-key probe.
-pub const WORKFLOW_PAUSED_SQL: Sql =
-    Sql::same("SELECT 1 FROM paused_workflows WHERE workflow_name = ?1");
-/// Whether a key has a limit: a primary-key probe.
-pub const KEY_LIMITED_SQL: Sql =
-    Sql::same("SELECT 1 FROM concurrency_limits WHERE concurrency_key = ?1");
-/// The lane a run that has come due moves to, and the start of the statement that moves them.
+    VALUES (?1, ?2, ?3, ?4, 0, 'queued', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, ?12, ?13, ?14, ?15,
+        CASE WHEN CAST(?15 AS BIGINT) > CAST(?11 AS BIGINT) THEN 'later' ELSE ",
+    due_lane!("?3", "?14"),
+    " END)"
+));
+/// The start of the statement that moves the runs that have come due into their lane.
 macro_rules! promote_due {
     () => {
-        "UPDATE runs SET queue_lane = CASE
-            WHEN EXISTS (SELECT 1 FROM paused_workflows p
-                         WHERE p.workflow_name = runs.workflow_name) THEN 'paused'
-            WHEN EXISTS (SELECT 1 FROM concurrency_limits c
-                         WHERE c.concurrency_key = runs.concurrency_key) THEN 'keyed'
-            ELSE 'due' END
-        WHERE run_id IN (SELECT run_id FROM runs "
+        concat!(
+            "UPDATE runs SET queue_lane = ",
+            due_lane!("runs.workflow_name", "runs.concurrency_key"),
+            " WHERE run_id IN (SELECT run_id FROM runs "
+        )
     };
 }
-/// Move the queued runs that have come due (?1 now) out of the `later` lane, by the rule of
-/// `queue::lane`: a range of `runs_lane_later`, so a claim pays for what has come due since
+/// Move the queued runs that have come due (?1 now) out of the `later` lane into the one
+/// `due_lane!` gives: a range of `runs_lane_later`, so a claim pays for what has come due since
 /// the last one, not for the runs still waiting. PostgreSQL skips runs another claimer is
 /// moving (it moves them, the same way) rather than wait for its commit.
 pub const PROMOTE_DUE_SQL: Sql = Sql::split(

@@ -663,6 +663,162 @@ pub fn paused_workflows(store: &mut dyn Store) -> Result<Vec<String>> {
     })
 }
 
+/// A part of the queue [`queued_runs`] pages through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// Due runs whose key has no limit and whose workflow is not paused, in claim order
+    /// (priority, highest first, then due time, then run id): what `claim_next` takes next.
+    Due,
+    /// Runs not yet due when a claim last looked, soonest due first (a run whose time has
+    /// come since moves to its lane at the next `claim_next`).
+    Later,
+}
+
+impl Lane {
+    /// The lane named `name` (the `lane` argument).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "due" => Ok(Self::Due),
+            "later" => Ok(Self::Later),
+            _ => Err(LedgerError::invalid(
+                "lane",
+                format!(
+                    "is {name:?}; pass \"due\" (what claim_next takes next) or \"later\" \
+                     (not due yet)"
+                ),
+            )),
+        }
+    }
+}
+
+/// Where a page of [`queued_runs`] starts: after the run at this place in the lane's order,
+/// as the page before saw it (priority, due time, run id).
+pub type QueueCursor = (i64, i64, String);
+
+/// A page of `lane`, at most `limit` runs (1 to [`events::MAX_PAGE`]) after `after`. Each run
+/// is read as `get_run` reads it; the page is a range of the lane's index, so it costs the same
+/// at any depth of any backlog.
+pub fn queued_runs(
+    store: &mut dyn Store,
+    lane: Lane,
+    limit: i64,
+    after: Option<&QueueCursor>,
+) -> Result<Vec<Run>> {
+    events::check_page(limit, "; page on with after=")?;
+    let (priority, due, run_id) = after.map_or((MAX_PRIORITY + 1, i64::MIN, ""), |c| {
+        (c.0, c.1, c.2.as_str())
+    });
+    store.read("reading the queue", |tx| match lane {
+        Lane::Due => tx.rows(
+            &sql::QUEUED_DUE_SQL,
+            params![priority, due, run_id, limit],
+            runs::run_from_row,
+        ),
+        Lane::Later => tx.rows(
+            &sql::QUEUED_LATER_SQL,
+            params![due, run_id, limit],
+            runs::run_from_row,
+        ),
+    })
+}
+
+/// A key with a limit, as [`queue_overview`] sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyUsage {
+    /// The key.
+    pub concurrency_key: String,
+    /// Its limit.
+    pub limit: i64,
+    /// Its runs that hold live leases now.
+    pub live: i64,
+    /// Its queued runs (due or not), counted up to the overview's `count_max`.
+    pub queued: i64,
+}
+
+/// A paused workflow, as [`queue_overview`] sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PausedUsage {
+    /// The workflow's name.
+    pub workflow_name: String,
+    /// When it was paused (ms).
+    pub paused_at: i64,
+    /// Its queued runs (all held while it is paused), counted up to `count_max`.
+    pub queued: i64,
+}
+
+/// The queue at a glance, read in one transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueOverview {
+    /// Runs in the due lane, up to `count_max`.
+    pub due: i64,
+    /// Due runs of keys with a limit, up to `count_max`.
+    pub keyed: i64,
+    /// Runs not yet due, up to `count_max`.
+    pub later: i64,
+    /// The keys with a limit, in key order, at most `limit` of them after `after_key`.
+    pub keys: Vec<KeyUsage>,
+    /// The paused workflows, by name, at most `limit` of them.
+    pub paused: Vec<PausedUsage>,
+}
+
+/// The most a count of [`queue_overview`] reads: a count is a walk of an index, and a
+/// dashboard repeats it.
+pub const MAX_COUNT: i64 = 1_000_000;
+
+/// The queue's counts (each stops at `count_max`: a count of `count_max` means "at least"),
+/// the keys with limits (their live and queued runs) and the paused workflows (their queued
+/// runs), `limit` of each (1 to [`events::MAX_PAGE`]; keys in key order after `after_key`).
+/// Every count is a range of an index read at most `count_max` entries far, so the overview
+/// costs the same over a backlog of millions; a key's live count is what it holds now.
+pub fn queue_overview(
+    store: &mut dyn Store,
+    count_max: i64,
+    limit: i64,
+    after_key: &str,
+    now_ms: i64,
+) -> Result<QueueOverview> {
+    events::check_page(limit, "")?;
+    if !(1..=MAX_COUNT).contains(&count_max) {
+        return Err(LedgerError::invalid(
+            "count_max",
+            format!("must be from 1 to {MAX_COUNT}, not {count_max}"),
+        ));
+    }
+    store.read("reading the queue", |tx| {
+        let (due, keyed, later) = tx
+            .row(&sql::QUEUE_COUNTS_SQL, params![count_max], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })?
+            .unwrap_or((0, 0, 0));
+        let keys = tx.rows(
+            &sql::KEY_USAGE_SQL,
+            params![count_max, now_ms, after_key, limit],
+            |r| {
+                Ok(KeyUsage {
+                    concurrency_key: r.get(0)?,
+                    limit: r.get(1)?,
+                    live: r.get(2)?,
+                    queued: r.get(3)?,
+                })
+            },
+        )?;
+        let paused = tx.rows(&sql::PAUSED_USAGE_SQL, params![count_max, "", limit], |r| {
+            Ok(PausedUsage {
+                workflow_name: r.get(0)?,
+                paused_at: r.get(1)?,
+                queued: r.get(2)?,
+            })
+        })?;
+        Ok(QueueOverview {
+            due,
+            keyed,
+            later,
+            keys,
+            paused,
+        })
+    })
+}
+
 /// A concurrency key: not empty (the text checks, NUL and length, are the argument's).
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() {

@@ -533,3 +533,111 @@ def test_a_killed_owner_s_run_is_rescued_once_its_lease_expires(target: str, tmp
         assert ledger.set_status("job", "completed", claim=claim).status == "completed"
         types = [e.type for e in ledger.events("job")]
         assert types.count("lease.claimed") == 2
+
+
+def _page_all(ledger: fp.Ledger, lane: Any, size: int) -> list[str]:
+    """Every run of ``lane``, read ``size`` at a time."""
+    seen: list[str] = []
+    after = None
+    while True:
+        page = ledger.queued_runs(lane=lane, limit=size, after=after)
+        seen += [r.run_id for r in page]
+        if len(page) < size:
+            return seen
+        after = page[-1]
+
+
+def test_the_queue_is_read_in_claim_order_page_by_page(ledger: fp.Ledger, clock: FakeClock) -> None:
+    rng = random.Random(7)
+    due = []
+    urgent = 0
+    for i in range(40):
+        # Priorities with ties, due times with ties: every level of the order decides somewhere.
+        priority = rng.choice([-3, 0, 0, 2, 1000])
+        back = rng.choice([0, 0, 1_000, 5_000])
+        ledger.reserve_run(
+            f"r{i:02}", **queued(f"r{i:02}", priority=priority, not_before=_at(clock, -back))
+        )
+        due.append(f"r{i:02}")
+        urgent += priority == 1000
+        if i % 3 == 0:
+            clock.advance(1)
+    later = [f"l{i}" for i in range(5)]
+    for i, run_id in enumerate(later):
+        # Queued in reverse order of their due times: the lane orders by due time.
+        ledger.reserve_run(run_id, **queued(run_id, not_before=dt.timedelta(seconds=50 - i)))
+    ledger.set_concurrency_limit("k", 1)
+    ledger.reserve_run("keyed", **queued("keyed", concurrency_key="k", priority=1000))
+    ledger.pause_workflow("held")
+    ledger.reserve_run("paused", **queued("paused", workflow_name="held", priority=1000))
+    in_order = _page_all(ledger, "due", 40)
+    # Left out: the keyed run and the paused one; pages of 1, 3 and 7 read the same order.
+    assert sorted(in_order) == due
+    for size in (1, 3, 7):
+        assert _page_all(ledger, "due", size) == in_order
+    assert _page_all(ledger, "later", 2) == later[::-1]
+    # The order is claim_next's own, which also takes the keyed run (its key has room): the
+    # last of priority 1000, being the last due.
+    claims = [c.run_id for c in ledger.claim_next("ctl", lease_ms=60_000, limit=41)]
+    assert claims == [*in_order[:urgent], "keyed", *in_order[urgent:]]
+    assert ledger.queued_runs() == []
+    # Runs that come due move to the due lane at the next claim, soonest first.
+    clock.advance(50_000)
+    assert ledger.queued_runs(lane="later") != []
+    assert ledger.claim_next("ctl", lease_ms=60_000, limit=2)[0].run_id == later[4]
+    assert [r.run_id for r in ledger.queued_runs()] == later[:3][::-1]
+    assert ledger.queued_runs(lane="later") == []
+
+
+def test_the_queue_overview_counts_lanes_keys_and_pauses(
+    ledger: fp.Ledger, clock: FakeClock
+) -> None:
+    empty = ledger.queue_overview()
+    assert (empty.due, empty.keyed, empty.later, empty.keys, empty.paused) == (0, 0, 0, [], [])
+    ledger.set_concurrency_limit("gpu", 2)
+    ledger.set_concurrency_limit("idle", 0)
+    for i in range(5):
+        ledger.reserve_run(f"g{i}", **queued(f"g{i}", concurrency_key="gpu"))
+    ledger.reserve_run("g-later", **queued("g-later", concurrency_key="gpu",
+                                           not_before=dt.timedelta(minutes=1)))  # fmt: skip
+    for i in range(3):
+        ledger.reserve_run(f"d{i}", **queued(f"d{i}"))
+    ledger.reserve_run("w", **queued("w", not_before=dt.timedelta(minutes=5)))
+    ledger.pause_workflow("nightly")
+    clock.advance(10)
+    for i in range(4):
+        ledger.reserve_run(f"n{i}", **queued(f"n{i}", workflow_name="nightly"))
+    # Two gpu runs hold live leases (the limit), one is taken and released: not live.
+    claims = ledger.claim_next("ctl", lease_ms=60_000, limit=5)
+    assert sorted(c.run_id for c in claims) == ["d0", "d1", "d2", "g0", "g1"]
+    o = ledger.queue_overview()
+    assert (o.due, o.keyed, o.later, o.count_max) == (0, 3, 2, 10_000)
+    assert o.keys == [fp.KeyUsage("gpu", 2, 2, 4), fp.KeyUsage("idle", 0, 0, 0)]
+    assert o.paused == [fp.PausedWorkflow("nightly", _at(clock, -10), 4)]
+    ledger.release(next(c for c in claims if c.run_id == "g0"))
+    clock.advance(60_001)  # g1's lease expires; g-later and w come due at the next claim
+    o = ledger.queue_overview(count_max=2, limit=1)
+    assert (o.due, o.keyed, o.later) == (0, 2, 2)  # counts stop at count_max
+    assert o.keys == [fp.KeyUsage("gpu", 2, 0, 2)]
+    assert ledger.queue_overview(after_key="gpu").keys == [fp.KeyUsage("idle", 0, 0, 0)]
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda led: led.queued_runs(lane="soon"), "lane"),
+        (lambda led: led.queued_runs(limit=0), "limit"),
+        (lambda led: led.queued_runs(limit=10_001), "limit"),
+        (lambda led: led.queued_runs(after="r1"), "after"),
+        (lambda led: led.queue_overview(count_max=0), "count_max"),
+        (lambda led: led.queue_overview(count_max=1_000_001), "count_max"),
+        (lambda led: led.queue_overview(limit=0), "limit"),
+        (lambda led: led.queue_overview(after_key="a\x00b"), "after_key"),
+    ],
+)
+def test_bad_queue_reads_are_refused_naming_the_argument(
+    ledger: fp.Ledger, call: Any, argument: str
+) -> None:
+    with pytest.raises(fp.InvalidArgument) as e:
+        call(ledger)
+    assert e.value.argument == argument

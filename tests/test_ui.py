@@ -11,6 +11,7 @@ non-loopback host without a token).
 
 from __future__ import annotations
 
+import datetime as dt
 import errno
 import http.client
 import importlib.resources
@@ -309,6 +310,44 @@ def test_leases_by_state(filled: fp.Ledger, target: str, clock: FakeClock) -> No
         assert not {le["run_id"] for le in first["recent"]} & {
             le["run_id"] for le in second["recent"]
         }
+
+
+# ------------------------------------------------------------------ queue
+
+
+def test_the_queue_by_lane_keys_and_pauses(
+    filled: fp.Ledger, target: str, clock: FakeClock
+) -> None:
+    for i in range(5):
+        filled.reserve_run(f"q{i}", **queued(f"q{i}", priority=i % 3))
+    filled.reserve_run("soon", **queued("soon", not_before=dt.timedelta(seconds=30)))
+    filled.set_concurrency_limit("gpu", 1)
+    filled.reserve_run("g0", **queued("g0", concurrency_key="gpu", priority=5))
+    filled.reserve_run("g1", **queued("g1", concurrency_key="gpu"))
+    filled.pause_workflow("nightly")
+    filled.reserve_run("n0", **queued("n0", workflow_name="nightly"))
+    [taken] = filled.claim_next("ctl", lease_ms=60_000, workflow_names=["deploy"], limit=1)
+    with served(target, clock=clock) as srv:
+        doc = get_json(srv, "/api/queue", limit=2)
+        assert doc["counts"] == {"due": 5, "keyed": 1, "later": 1}
+        assert doc["count_max"] == api.QUEUE_COUNT_MAX
+        assert doc["keys"] == [{"key": "gpu", "limit": 1, "live": 1, "queued": 1}]
+        assert [(p["workflow_name"], p["queued"]) for p in doc["paused"]] == [("nightly", 1)]
+        # Claim order, paged: what claim_next takes after the run it took.
+        order = [r.run_id for r in filled.queued_runs()]
+        assert taken.run_id == "g0"
+        assert [r["run_id"] for r in doc["runs"]] == order[:2]
+        second = get_json(srv, "/api/queue", limit=2, after=doc["next"])
+        third = get_json(srv, "/api/queue", limit=2, after=second["next"])
+        assert [r["run_id"] for r in second["runs"] + third["runs"]] == order[2:]
+        assert len(order) == 5
+        assert third["next"] is None
+        later = get_json(srv, "/api/queue", lane="later")
+        [soon] = later["runs"]
+        assert (soon["run_id"], soon["due_in_ms"]) == ("soon", 30_000)
+        for bad in ({"lane": "soon"}, {"after": "1.2"}, {"after": "5000.1.r"}):
+            answer = request(srv, "/api/queue", params=bad)
+            assert answer.status == 400, (bad, answer.body)
 
 
 # ------------------------------------------------------------------ events
@@ -620,7 +659,8 @@ def test_read_only(filled: fp.Ledger, target: str) -> None:
             assert "read-only" in answer.json()["error"]
             assert answer.header("Content-Security-Policy")
         for path in ("/api/runs", "/api/run?id=r", "/api/units?run=r", "/api/leases",
-                     "/api/events", "/api/throughput", "/api/doctor?checks=1"):  # fmt: skip
+                     "/api/queue", "/api/queue?lane=later", "/api/events", "/api/throughput",
+                     "/api/doctor?checks=1"):  # fmt: skip
             assert request(srv, path).status == 200
     assert counts(target) == before
 

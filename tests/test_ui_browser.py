@@ -443,3 +443,110 @@ def test_hostile_data_shows_as_text(browser: Any, hostile_dashboard: DashboardSe
     page.open("runs?workflow=" + urllib.parse.quote("wf/" + HOSTILE, safe=""))
     assert [r.get_attribute("data-run") for r in page.all("table.runs tbody tr")] == ["hostile-run"]
     page.no_errors_logged()
+
+
+@pytest.fixture(scope="module")
+def queue_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DashboardServer]:
+    """A ledger with a queue: 55 due runs of mixed priority (more than a page), 4 not due yet,
+    a key at its limit, a key held at 0, a key whose name is markup, and a paused workflow."""
+    db = str(tmp_path_factory.mktemp("ui-queue") / "queue.db")
+
+    def queue(ledger: fp.Ledger, run_id: str, **scheduling: Any) -> None:
+        ledger.reserve_run(
+            run_id, workflow_name=scheduling.pop("workflow_name", "deploy"),
+            workflow_ref="deploy@1", source={"kind": "builtin", "id": "deploy"},
+            definition_digest=fp.digest({}), definition={}, runner_id="controller-1",
+            origin_session_id="session-1", **scheduling,
+        )  # fmt: skip
+
+    with fp.Ledger.open(db) as ledger:
+        for i in range(55):
+            queue(ledger, f"due-{i:02}", priority=(i * 7) % 5 - 2)
+        for hours in (3, 1, 4, 2):
+            queue(ledger, f"later-{hours}h", not_before=dt.timedelta(hours=hours))
+        ledger.set_concurrency_limit("gpu", 2)
+        ledger.set_concurrency_limit("idle", 0)
+        ledger.set_concurrency_limit(HOSTILE, 1)
+        for i in range(5):
+            queue(ledger, f"gpu-{i}", concurrency_key="gpu", priority=1000)
+        queue(ledger, "idle-0", concurrency_key="idle")
+        queue(ledger, "hostile-0", concurrency_key=HOSTILE, priority=1000)
+        ledger.pause_workflow("nightly")
+        for i in range(4):
+            queue(ledger, f"nightly-{i}", workflow_name="nightly", priority=1000)
+        # The controller takes the two gpu runs the key has room for, and the hostile key's.
+        claimed = ledger.claim_next("controller-1", lease_ms=3_600_000, limit=3)
+        assert sorted(c.run_id for c in claimed) == ["gpu-0", "gpu-1", "hostile-0"]
+    with served(db) as server:
+        yield server
+
+
+def _rows(page: Page, selector: str, attribute: str) -> list[tuple[str, list[str]]]:
+    """Each row of ``selector`` as (its ``attribute``, its cells' text), read in one script:
+    the queue page redraws every few seconds, which would leave a row found first and read
+    after stale."""
+    rows = page.driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map((r) =>"
+        "  [r.getAttribute(arguments[1]), [...r.querySelectorAll('td')].map((c) => c.innerText)])",
+        selector,
+        attribute,
+    )
+    return [(key, cells) for key, cells in rows]
+
+
+def _ids(page: Page) -> list[str]:
+    """The runs the queue page lists, in its order."""
+    return [run_id for run_id, _ in _rows(page, "table.queue-runs tr.queued", "data-run")]
+
+
+def _click(page: Page, selector: str) -> None:
+    """Click ``selector`` in one script (see :func:`_rows`)."""
+    page.driver.execute_script("document.querySelector(arguments[0]).click()", selector)
+
+
+def test_queue_page(browser: Any, queue_dashboard: DashboardServer) -> None:
+    page = Page(browser, queue_dashboard)
+    ledger = queue_dashboard.dashboard.ledger
+    page.open("queue")
+
+    def card(k: str) -> str:
+        return str(
+            page.driver.execute_script(
+                "return document.querySelector(arguments[0]).innerText",
+                f"[data-k={k}] .card-value",
+            )
+        )
+
+    assert (card("due"), card("keyed"), card("later"), card("paused")) == ("55", "4", "4", "1")
+    # The first page is what claim_next takes next, in its order; the next page follows on.
+    first = [r.run_id for r in ledger.queued_runs(limit=50)]
+    rows = _rows(page, "table.queue-runs tr.queued", "data-run")
+    assert [run_id for run_id, _ in rows] == first
+    assert rows[0][1][2] == "2"  # the highest priority among them
+    page.shot("queue")
+    _click(page, "a[rel=next]")
+    page.ready("queue")
+    rest = [r.run_id for r in ledger.queued_runs(limit=50, after=ledger.get_run(first[-1]))]
+    assert len(first) + len(rest) == 55
+    page.until(lambda: _ids(page) == rest, "the second page")
+    # Not yet due: soonest first, each with how long until it is.
+    _click(page, "a.tab[data-lane=later]")
+    page.ready("queue")
+    soonest = [f"later-{h}h" for h in (1, 2, 3, 4)]
+    page.until(lambda: _ids(page) == soonest, "the runs not yet due, soonest first")
+    assert _rows(page, "table.queue-runs tr.queued", "data-run")[0][1][3].startswith("in ")
+    # Keys with their limits and live runs; the markup in a key is text.
+    keys = dict(_rows(page, "table.queue-keys tr.key", "data-key"))
+    assert keys == {
+        "gpu": ["gpu", "2", "2", "3", "full"],
+        "idle": ["idle", "0", "0", "1", "held"],
+        HOSTILE: [HOSTILE, "1", "1", "0", "full"],
+    }
+    [(name, held)] = _rows(page, "table.queue-paused tr.paused", "data-workflow")
+    assert name == held[0] == "nightly"
+    assert held[2] == "4"
+    # A claim made meanwhile shows at the next refresh.
+    ledger.claim_next("controller-2", lease_ms=60_000, limit=2)
+    page.until(lambda: card("due") == "53", "the due count to follow a claim", timeout=15)
+    assert page.driver.execute_script("return window.__pwned === undefined")
+    page.no_errors_logged()

@@ -462,6 +462,8 @@ class AsyncLedger:
     pause_workflow = _in_thread(Ledger.pause_workflow)
     resume_workflow = _in_thread(Ledger.resume_workflow)
     paused_workflows = _in_thread(Ledger.paused_workflows)
+    queued_runs = _in_thread(Ledger.queued_runs)
+    queue_overview = _in_thread(Ledger.queue_overview)
     prepare_or_adopt = _in_thread(Ledger.prepare_or_adopt, lease=lambda prep: [prep.claim])
     heartbeat = _queued(Ledger.heartbeat)
     release = _in_thread(Ledger.release)

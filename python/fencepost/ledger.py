@@ -26,12 +26,16 @@ from fencepost.models import (
     Claim,
     ClaimedPreparation,
     Event,
+    KeyUsage,
     Lease,
+    PausedWorkflow,
     PruneReport,
+    QueueOverview,
     Reservation,
     Run,
     Step,
     Unit,
+    from_ms,
     to_ms,
 )
 
@@ -804,6 +808,45 @@ class Ledger:
     def paused_workflows(self) -> list[str]:
         """The paused workflows, by name."""
         return self._core.paused_workflows()
+
+    def queued_runs(
+        self, *, lane: Literal["due", "later"] = "due", limit: int = 50, after: Run | None = None
+    ) -> list[Run]:
+        """A page of the queue, read by its index (a page deep in a backlog of millions costs
+        what the first does). ``lane="due"``: the due runs ``claim_next`` takes next, in its
+        order (priority, higher first, then due time, then ``run_id``), leaving out runs whose
+        key has a limit (``queue_overview`` counts them by key) and runs of paused workflows.
+        ``lane="later"``: the runs not yet due, soonest first; a run whose time has come stays
+        here until the next ``claim_next`` moves it. ``after`` is the last run of the page
+        before (its place in the order as that page saw it); ``limit`` is 1 to 10 000."""
+        cursor = None
+        if after is not None:
+            if not isinstance(after, Run):
+                raise InvalidArgument(
+                    f"after must be a Run from the page before, not {type(after).__name__}",
+                    argument="after",
+                )
+            due = after.not_before if after.not_before is not None else after.created_at
+            cursor = (after.priority, to_ms(due), after.run_id)
+        return self._core.queued_runs(lane, limit, cursor)
+
+    def queue_overview(
+        self, *, count_max: int = 10_000, limit: int = 100, after_key: str | None = None
+    ) -> QueueOverview:
+        """The queue's counts by lane (see :class:`QueueOverview`), the keys with limits with
+        their live and queued runs, and the paused workflows with their queued runs, in one
+        transaction. Every count stops at ``count_max`` (1 to 1 000 000), so the overview
+        costs the same over a backlog of millions; ``limit`` (1 to 10 000) bounds each list,
+        and ``after_key`` pages through the keys (the last key of the page before)."""
+        due, keyed, later, keys, paused = self._core.queue_overview(count_max, limit, after_key)
+        return QueueOverview(
+            due=due,
+            keyed=keyed,
+            later=later,
+            keys=[KeyUsage(k, n, live, queued) for k, n, live, queued in keys],
+            paused=[PausedWorkflow(w, from_ms(at), queued) for w, at, queued in paused],
+            count_max=count_max,
+        )
 
     def heartbeat(self, claim: Claim, *, lease_ms: int) -> Claim:
         """Extend a live claim to ``lease_ms`` from now; ``LeaseLost`` if it is stale."""

@@ -41,10 +41,13 @@ __all__ = [
     "Claim",
     "ClaimedPreparation",
     "Event",
+    "KeyUsage",
     "Lease",
+    "PausedWorkflow",
     "Preparation",
     "PreparationState",
     "PruneReport",
+    "QueueOverview",
     "Reservation",
     "ReservationKind",
     "Run",
@@ -282,6 +285,46 @@ class Event:
     generation: int | None
     payload: Any
     ts: _dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class KeyUsage:
+    """A concurrency key that has a limit: ``live`` counts its runs holding live leases now,
+    ``queued`` its queued runs, due or not (counted up to ``QueueOverview.count_max``)."""
+
+    concurrency_key: str
+    limit: int
+    live: int
+    queued: int
+
+
+@dataclass(frozen=True, slots=True)
+class PausedWorkflow:
+    """A paused workflow: when it was paused, and its queued runs (all of them held while it is
+    paused; counted up to ``QueueOverview.count_max``)."""
+
+    workflow_name: str
+    paused_at: _dt.datetime
+    queued: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOverview:
+    """The queue at a glance (``Ledger.queue_overview``), read in one transaction.
+
+    ``due`` counts the runs ``claim_next`` may take now (no key limit, workflow not paused);
+    ``keyed`` the due runs of keys with a limit (claimed while their key has room); ``later``
+    the runs not yet due (as the last claim saw them). Each count stops at ``count_max``: a
+    count equal to it means that many or more. ``keys`` are the keys with a limit, in key
+    order, and ``paused`` the paused workflows, by name; each list holds at most the
+    overview's ``limit``."""
+
+    due: int
+    keyed: int
+    later: int
+    keys: list[KeyUsage]
+    paused: list[PausedWorkflow]
+    count_max: int
 
 
 @dataclass(frozen=True, slots=True)

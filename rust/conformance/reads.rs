@@ -431,6 +431,45 @@ fn next_queued_runs_are_read_by_index(store: &mut dyn Store) {
             || l.contains("Seq Scan on runs")
     });
     assert!(!walks, "no scan of the runs:\n{promote}");
+    // The dashboard's pages of the queue, deep in the lane as well as at its head, and its
+    // counts: each a range of its lane's index, with nothing but the page itself sorted.
+    let deep = (1_i64, 1000_i64, "m1000");
+    for (what, statement, args, index) in [
+        (
+            "the due lane's first page",
+            &sql::QUEUED_DUE_SQL,
+            params![1001_i64, i64::MIN, "", 50_i64],
+            "runs_lane_due",
+        ),
+        (
+            "a page deep in the due lane",
+            &sql::QUEUED_DUE_SQL,
+            params![deep.0, deep.1, deep.2, 50_i64],
+            "runs_lane_due",
+        ),
+        (
+            "a page of the later lane",
+            &sql::QUEUED_LATER_SQL,
+            params![deep.1, deep.2, 50_i64],
+            "runs_lane_later",
+        ),
+        (
+            "the counts",
+            &sql::QUEUE_COUNTS_SQL,
+            params![10_000_i64],
+            "runs_lane_due",
+        ),
+    ] {
+        let p = plan(store, statement, args);
+        assert!(p.contains(index), "{what}: by {index}:\n{p}");
+        let walks = p.lines().any(|l| {
+            (l.contains("SCAN runs") && !l.contains("runs_lane_"))
+                || l.contains("SCAN r ")
+                || l.trim_end().ends_with("SCAN r")
+                || l.contains("Seq Scan on runs")
+        });
+        assert!(!walks, "{what}: no scan of the runs:\n{p}");
+    }
 }
 
 /// Key limits and paused workflows are served by their indexes: the keyed lane per limited
@@ -517,4 +556,31 @@ fn scheduling_is_read_by_index(store: &mut dyn Store) {
         let p = plan(store, statement, args);
         assert!(!scans_runs(&p), "{what}: no scan of the runs:\n{p}");
     }
+    // The dashboard's view of the keys and the paused workflows: per key its live runs by
+    // `runs_key_live` and its queued ones by `runs_queued_key`; per workflow by
+    // `runs_queued_name`.
+    let usage = plan(
+        store,
+        &sql::KEY_USAGE_SQL,
+        params![10_000_i64, T0, "", 100_i64],
+    );
+    for index in ["runs_key_live", "runs_queued_key"] {
+        assert!(usage.contains(index), "by {index}:\n{usage}");
+    }
+    assert!(!scans_runs(&usage), "no scan of the runs:\n{usage}");
+    let paused =
+        Sql::same("INSERT INTO paused_workflows(workflow_name, paused_at) VALUES ('wf1', 0)");
+    store
+        .write("pausing", |tx| tx.exec(&paused, params![]).map(|_| ()))
+        .expect("pause");
+    let held = plan(
+        store,
+        &sql::PAUSED_USAGE_SQL,
+        params![10_000_i64, "", 100_i64],
+    );
+    assert!(
+        held.contains("runs_queued_name"),
+        "by runs_queued_name:\n{held}"
+    );
+    assert!(!scans_runs(&held), "no scan of the runs:\n{held}");
 }

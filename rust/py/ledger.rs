@@ -620,6 +620,58 @@ impl PyLedger {
         self.run(py, |s, _| queue::paused_workflows(s))
     }
 
+    /// A page of a lane; the cursor is the last run of the page before, as three values.
+    fn queued_runs<'py>(
+        &self,
+        py: Python<'py>,
+        lane: &Bound<'py, PyAny>,
+        limit: &Bound<'py, PyAny>,
+        after: Option<(i64, i64, String)>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let lane = queue::Lane::parse(&text(lane, "lane")?).map_err(|e| to_pyerr(py, e))?;
+        let limit = int(limit, "limit")?;
+        let runs = self.run(py, move |s, _| {
+            queue::queued_runs(s, lane, limit, after.as_ref())
+        })?;
+        records::runs(py, runs)
+    }
+
+    /// The overview as plain tuples: (due, keyed, later, keys, paused), each key (key, limit,
+    /// live, queued), each paused workflow (name, paused at in ms, queued); the facade makes
+    /// the records.
+    #[allow(clippy::type_complexity)]
+    fn queue_overview(
+        &self,
+        py: Python<'_>,
+        count_max: &Bound<'_, PyAny>,
+        limit: &Bound<'_, PyAny>,
+        after_key: &Bound<'_, PyAny>,
+    ) -> PyResult<(
+        i64,
+        i64,
+        i64,
+        Vec<(String, i64, i64, i64)>,
+        Vec<(String, i64, i64)>,
+    )> {
+        let count_max = int(count_max, "count_max")?;
+        let limit = int(limit, "limit")?;
+        let after_key = opt_text(after_key, "after_key")?.unwrap_or_default();
+        let o = self.run(py, move |s, now| {
+            queue::queue_overview(s, count_max, limit, &after_key, now)
+        })?;
+        let keys = o
+            .keys
+            .into_iter()
+            .map(|k| (k.concurrency_key, k.limit, k.live, k.queued))
+            .collect();
+        let paused = o
+            .paused
+            .into_iter()
+            .map(|p| (p.workflow_name, p.paused_at, p.queued))
+            .collect();
+        Ok((o.due, o.keyed, o.later, keys, paused))
+    }
+
     // The Python signature's own arguments, one each.
     #[allow(clippy::too_many_arguments)]
     fn claim_next<'py>(

@@ -17,8 +17,8 @@ pub use progress::{
     abandon_run, block_run, complete_step, resume_run, set_outputs, set_status, StepResult,
 };
 pub(crate) use progress::{complete_step_in, set_status_in};
-pub(crate) use read::must_read_run;
 pub use read::{
     child_runs, find_active_run, find_scope_occupant, get_run, list_runs, resolve_run_id, steps,
     RunCursor, RunFilter,
 };
+pub(crate) use read::{must_read_run, run_from_row};

@@ -9,7 +9,7 @@ use crate::model::{Run, Step};
 use crate::status::{run_state, RunStatus};
 use crate::store::{sql, DbResult, Row, Store, Tx};
 
-fn run_from_row(r: &dyn Row) -> DbResult<Run> {
+pub(crate) fn run_from_row(r: &dyn Row) -> DbResult<Run> {
     Ok(Run {
         run_id: r.get(0)?,
         workflow_ref: r.get(1)?,

@@ -669,28 +669,217 @@ pub const LOCK_KEYS_SQL: Sql = Sql::split(
     WHERE concurrency_key IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb))
     ORDER BY concurrency_key COLLATE \"C\" FOR UPDATE",
 );
-/// The room of each key in ?1 (a JSON array) that has a limit: the limit less the key's runs
-/// that hold live leases at ?2 (out of the queue, not ended, lease expiring after ?2). The
-/// runs are the key's range of `runs_key_live`, each lease a primary-key probe: a count of
-/// what the key holds now, not of its history (nor of every key's live leases, which
-/// PostgreSQL would walk by `leases_expires` if the subqueries were not kept apart).
-pub const KEY_ROOM_SQL: Sql = Sql::split(
-    "SELECT c.concurrency_key, c.max_live - (
-        SELECT count(*) FROM runs r INDEXED BY runs_key_live
+/// The runs of the key `c.concurrency_key` that hold live leases at ?2: out of the queue, not
+/// ended, lease expiring after ?2. The key's range of `runs_key_live`, each lease a primary-key
+/// probe: a count of what the key holds now, not of its history (nor of every key's live
+/// leases, which PostgreSQL would walk by `leases_expires` if the subqueries were not kept
+/// apart).
+macro_rules! key_live {
+    (sqlite) => {
+        "(SELECT count(*) FROM runs r INDEXED BY runs_key_live
         JOIN leases l ON l.resource_id = r.run_id
         WHERE r.concurrency_key = c.concurrency_key
-          AND r.status IN ('starting', 'active', 'blocked', 'parked') AND l.expires_at > ?2)
-    FROM concurrency_limits c WHERE c.concurrency_key IN (SELECT value FROM json_each(?1))",
-    "SELECT c.concurrency_key, c.max_live - (
-        SELECT count(*) FROM (
+          AND r.status IN ('starting', 'active', 'blocked', 'parked') AND l.expires_at > ?2)"
+    };
+    (postgres) => {
+        "(SELECT count(*) FROM (
             SELECT run_id FROM runs
             WHERE concurrency_key = c.concurrency_key
               AND status IN ('starting', 'active', 'blocked', 'parked') OFFSET 0) r
         JOIN LATERAL (
             SELECT 1 FROM leases
-            WHERE resource_id = r.run_id AND expires_at > CAST(?2 AS BIGINT) OFFSET 0) l ON TRUE)
-    FROM concurrency_limits c
-    WHERE c.concurrency_key IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb))",
+            WHERE resource_id = r.run_id AND expires_at > CAST(?2 AS BIGINT) OFFSET 0) l ON TRUE)"
+    };
+}
+/// The room of each key in ?1 (a JSON array) that has a limit: the limit less the key's runs
+/// that hold live leases at ?2 (`key_live!`).
+pub const KEY_ROOM_SQL: Sql = Sql::split(
+    concat!(
+        "SELECT c.concurrency_key, c.max_live - ",
+        key_live!(sqlite),
+        " FROM concurrency_limits c WHERE c.concurrency_key IN (SELECT value FROM json_each(?1))"
+    ),
+    concat!(
+        "SELECT c.concurrency_key, c.max_live - ",
+        key_live!(postgres),
+        " FROM concurrency_limits c
+        WHERE c.concurrency_key IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb))"
+    ),
+);
+/// A page of the due lane (`runs_lane_due`) in claim order after the run at (?1 priority, ?2
+/// due time, ?3 run id), ?4 runs; the first page starts above every priority. The order's
+/// first column runs downwards and the others upwards, which one row-value comparison cannot
+/// say: the page is the rest of the cursor's priority plus the lower priorities, each a range of
+/// the index read in its order, so a page deep in a backlog of millions costs what the first
+/// does. At most ?4 runs are sorted once they are read.
+pub const QUEUED_DUE_SQL: Sql = Sql::split(
+    concat!(
+        run_select!(),
+        "WHERE r.run_id IN (
+            SELECT run_id FROM (
+                SELECT run_id FROM runs INDEXED BY runs_lane_due
+                WHERE status = 'queued' AND queue_lane = 'due' AND priority = ?1
+                  AND (due_at, run_id) > (?2, ?3)
+                ORDER BY priority DESC, due_at, run_id LIMIT ?4)
+            UNION ALL
+            SELECT run_id FROM (
+                SELECT run_id FROM runs INDEXED BY runs_lane_due
+                WHERE status = 'queued' AND queue_lane = 'due' AND priority < ?1
+                ORDER BY priority DESC, due_at, run_id LIMIT ?4))
+        ORDER BY r.priority DESC, r.due_at, r.run_id LIMIT ?4"
+    ),
+    concat!(
+        run_select!(),
+        "WHERE r.run_id IN (
+            (SELECT run_id FROM runs
+             WHERE status = 'queued' AND queue_lane = 'due' AND priority = CAST(?1 AS BIGINT)
+               AND (due_at, run_id COLLATE \"C\")
+                   > (CAST(?2 AS BIGINT), CAST(?3 AS TEXT) COLLATE \"C\")
+             ORDER BY priority DESC, due_at, run_id COLLATE \"C\" LIMIT CAST(?4 AS BIGINT))
+            UNION ALL
+            (SELECT run_id FROM runs
+             WHERE status = 'queued' AND queue_lane = 'due' AND priority < CAST(?1 AS BIGINT)
+             ORDER BY priority DESC, due_at, run_id COLLATE \"C\" LIMIT CAST(?4 AS BIGINT)))
+        ORDER BY r.priority DESC, r.due_at, r.run_id COLLATE \"C\" LIMIT CAST(?4 AS BIGINT)"
+    ),
+);
+/// A page of the `later` lane (`runs_lane_later`), soonest due first, after the run at (?1 due
+/// time, ?2 run id), ?3 runs.
+pub const QUEUED_LATER_SQL: Sql = Sql::split(
+    concat!(
+        run_select!(),
+        "WHERE r.run_id IN (
+            SELECT run_id FROM runs INDEXED BY runs_lane_later
+            WHERE status = 'queued' AND queue_lane = 'later' AND (due_at, run_id) > (?1, ?2)
+            ORDER BY due_at, run_id LIMIT ?3)
+        ORDER BY r.due_at, r.run_id LIMIT ?3"
+    ),
+    concat!(
+        run_select!(),
+        "WHERE r.run_id IN (
+            SELECT run_id FROM runs
+            WHERE status = 'queued' AND queue_lane = 'later'
+              AND (due_at, run_id COLLATE \"C\")
+                  > (CAST(?1 AS BIGINT), CAST(?2 AS TEXT) COLLATE \"C\")
+            ORDER BY due_at, run_id COLLATE \"C\" LIMIT CAST(?3 AS BIGINT))
+        ORDER BY r.due_at, r.run_id COLLATE \"C\" LIMIT CAST(?3 AS BIGINT)"
+    ),
+);
+/// How many runs, counted up to ?1 and no further, `$from` holds under `$filter`: a count that
+/// stops, so a dashboard's counts cost the same over a backlog of millions as over a few
+/// hundred (each reads at most ?1 entries of an index).
+macro_rules! count_upto {
+    (sqlite, $from:literal, $filter:literal) => {
+        concat!(
+            "(SELECT count(*) FROM (SELECT 1 FROM ",
+            $from,
+            " WHERE ",
+            $filter,
+            " LIMIT ?1))"
+        )
+    };
+    (postgres, $from:literal, $filter:literal) => {
+        concat!(
+            "(SELECT count(*) FROM (SELECT 1 FROM ",
+            $from,
+            " WHERE ",
+            $filter,
+            " LIMIT CAST(?1 AS BIGINT)) n)"
+        )
+    };
+}
+/// The queue's lanes counted up to ?1 each: due, keyed, not yet due; each a range of its lane's
+/// partial index.
+pub const QUEUE_COUNTS_SQL: Sql = Sql::split(
+    concat!(
+        "SELECT ",
+        count_upto!(
+            sqlite,
+            "runs INDEXED BY runs_lane_due",
+            "status = 'queued' AND queue_lane = 'due'"
+        ),
+        ", ",
+        count_upto!(
+            sqlite,
+            "runs INDEXED BY runs_lane_keyed",
+            "status = 'queued' AND queue_lane = 'keyed'"
+        ),
+        ", ",
+        count_upto!(
+            sqlite,
+            "runs INDEXED BY runs_lane_later",
+            "status = 'queued' AND queue_lane = 'later'"
+        ),
+    ),
+    concat!(
+        "SELECT ",
+        count_upto!(postgres, "runs", "status = 'queued' AND queue_lane = 'due'"),
+        ", ",
+        count_upto!(
+            postgres,
+            "runs",
+            "status = 'queued' AND queue_lane = 'keyed'"
+        ),
+        ", ",
+        count_upto!(
+            postgres,
+            "runs",
+            "status = 'queued' AND queue_lane = 'later'"
+        ),
+    ),
+);
+/// The keys that have a limit, in key order after ?3, at most ?4: each key's limit, its runs
+/// holding live leases at ?2 (the count [`KEY_ROOM_SQL`] takes from the limit) and its queued
+/// runs counted up to ?1 (a range of `runs_queued_key`).
+pub const KEY_USAGE_SQL: Sql = Sql::split(
+    concat!(
+        "SELECT c.concurrency_key, c.max_live, ",
+        key_live!(sqlite),
+        ", ",
+        count_upto!(
+            sqlite,
+            "runs q INDEXED BY runs_queued_key",
+            "q.status = 'queued' AND q.concurrency_key = c.concurrency_key"
+        ),
+        " FROM concurrency_limits c WHERE c.concurrency_key > ?3
+        ORDER BY c.concurrency_key LIMIT ?4"
+    ),
+    concat!(
+        "SELECT c.concurrency_key, c.max_live, ",
+        key_live!(postgres),
+        ", ",
+        count_upto!(
+            postgres,
+            "runs q",
+            "q.status = 'queued' AND q.concurrency_key = c.concurrency_key"
+        ),
+        " FROM concurrency_limits c WHERE c.concurrency_key COLLATE \"C\" > CAST(?3 AS TEXT)
+        ORDER BY c.concurrency_key COLLATE \"C\" LIMIT CAST(?4 AS BIGINT)"
+    ),
+);
+/// The paused workflows in name order after ?2, at most ?3: each with when it was paused and
+/// its queued runs (all held while it is paused) counted up to ?1 (a range of
+/// `runs_queued_name`).
+pub const PAUSED_USAGE_SQL: Sql = Sql::split(
+    concat!(
+        "SELECT p.workflow_name, p.paused_at, ",
+        count_upto!(
+            sqlite,
+            "runs q INDEXED BY runs_queued_name",
+            "q.status = 'queued' AND q.workflow_name = p.workflow_name"
+        ),
+        " FROM paused_workflows p WHERE p.workflow_name > ?2 ORDER BY p.workflow_name LIMIT ?3"
+    ),
+    concat!(
+        "SELECT p.workflow_name, p.paused_at, ",
+        count_upto!(
+            postgres,
+            "runs q",
+            "q.status = 'queued' AND q.workflow_name = p.workflow_name"
+        ),
+        " FROM paused_workflows p WHERE p.workflow_name COLLATE \"C\" > CAST(?2 AS TEXT)
+        ORDER BY p.workflow_name COLLATE \"C\" LIMIT CAST(?3 AS BIGINT)"
+    ),
 );
 /// Set a key's limit (?2) at ?3.
 pub const LIMIT_SET_SQL: Sql = Sql::same(

@@ -39,6 +39,7 @@ __all__ = [
     "meta",
     "one",
     "parse_seq",
+    "queue_page",
     "run_detail",
     "run_filter",
     "run_totals",
@@ -58,6 +59,10 @@ ATTEMPTS_SHOWN = 20
 CHILDREN_SHOWN = 100
 # Leases with an owner listed per state list on the leases page.
 LEASES_SHOWN = 100
+# Keys with limits and paused workflows listed on the queue page; the queue's counts stop here
+# (a count is a walk of an index, and the page repeats it every few seconds).
+QUEUE_KEYS_SHOWN = 100
+QUEUE_COUNT_MAX = 10_000
 # JSON documents in lists (results, payloads) and on a run's page (params, outputs, evidence).
 CLIP_LIST = 2_000
 CLIP_DETAIL = 64_000
@@ -513,6 +518,87 @@ def leases_page(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
         "next": _cursor(shown[-1]) if len(runs) > limit else None,
         "limit": limit,
     }
+
+
+def queue_page(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
+    """The queue: its lanes counted (up to :data:`QUEUE_COUNT_MAX`), the keys with limits
+    (their live and queued runs; ``keys_after``: the last key of the list before), the paused
+    workflows, and a page of one lane (``lane``: ``due``, in claim order, or ``later``, soonest
+    due first; ``after``: the cursor of the page before). Two reads, whatever the backlog."""
+    limit = _limit(query)
+    lane = one(query, "lane") or "due"
+    if lane not in ("due", "later"):
+        raise ApiError(400, f"lane must be due or later, not {lane!r}")
+    overview = ledger.queue_overview(
+        count_max=QUEUE_COUNT_MAX, limit=QUEUE_KEYS_SHOWN, after_key=one(query, "keys_after")
+    )
+    after = _after_queued(one(query, "after"))
+    runs = ledger.queued_runs(
+        lane="due" if lane == "due" else "later", limit=limit + 1, after=after
+    )
+    shown = runs[:limit]
+    rows = []
+    for r in shown:
+        due = r.not_before if r.not_before is not None else r.created_at
+        rows.append(
+            {
+                "run_id": r.run_id,
+                "workflow_name": r.workflow_name,
+                "priority": r.priority,
+                "concurrency_key": r.concurrency_key,
+                "due_at": iso(due),
+                "due_in_ms": fp.models.to_ms(due) - now_ms,
+                "created_at": iso(r.created_at),
+            }
+        )
+    keys = overview.keys
+    return {
+        "now": iso(fp.models.from_ms(now_ms)),
+        "counts": {"due": overview.due, "keyed": overview.keyed, "later": overview.later},
+        "count_max": overview.count_max,
+        "keys": [
+            {"key": k.concurrency_key, "limit": k.limit, "live": k.live, "queued": k.queued}
+            for k in keys
+        ],
+        "keys_next": keys[-1].concurrency_key if len(keys) == QUEUE_KEYS_SHOWN else None,
+        "paused": [
+            {"workflow_name": p.workflow_name, "paused_at": iso(p.paused_at), "queued": p.queued}
+            for p in overview.paused
+        ],
+        "lane": lane,
+        "runs": rows,
+        "next": _queue_cursor(shown[-1]) if len(runs) > limit else None,
+        "limit": limit,
+    }
+
+
+def _queue_cursor(run: fp.Run) -> str:
+    """The cursor of a page of the queue that ends at ``run``: its place in the lane's order
+    (priority, due time, id) as the page saw it."""
+    due = run.not_before if run.not_before is not None else run.created_at
+    return f"{run.priority}.{fp.models.to_ms(due)}.{run.run_id}"
+
+
+def _after_queued(cursor: str | None) -> fp.Run | None:
+    """``queued_runs``' ``after`` for a cursor of :func:`_queue_cursor`: a run at that place
+    (the read looks at nothing else of it)."""
+    if not cursor:
+        return None
+    parts = cursor.split(".", 2)
+    try:
+        if len(parts) != 3:
+            raise ValueError(cursor)
+        priority, due = int(parts[0]), fp.models.from_ms(int(parts[1]))
+        if not -1000 <= priority <= 1000:
+            raise ValueError(cursor)
+    except (ValueError, OverflowError, fp.InvalidArgument):
+        raise ApiError(400, f"not a queue cursor: {cursor!r}") from None
+    return fp.Run(
+        run_id=parts[2], workflow_ref="", workflow_name="", scope_key=None, status="queued",
+        current_step_id=None, parent_run_id=None, parent_unit_id=None, invocation_key=None,
+        origin_session_id=None, params=None, outputs=None, revision=0, created_at=due,
+        updated_at=due, completed_at=None, not_before=due, priority=priority,
+    )  # fmt: skip
 
 
 def head_seq(ledger: fp.Ledger, hint: int = 0) -> int:

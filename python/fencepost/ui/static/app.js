@@ -680,6 +680,103 @@
     teardown.push(() => clearInterval(timer));
   };
 
+  // ---------------------------------------------------------------- queue
+
+  // A count the server stopped at: that many or more.
+  function atLeast(n, max) {
+    return n >= max ? num(max) + "+" : num(n);
+  }
+
+  pages.queue = async function (view, params, live) {
+    const lane = params.get("lane") === "later" ? "later" : "due";
+    const after = params.get("after") || "";
+    const keysAfter = params.get("keys_after") || "";
+    view.appendChild(h("div", { class: "head" }, h("h1", null, "Queue"), h("div", { class: "sub muted" }, "Refreshes every 5 s. What claim_next hands out next, what waits for its time, keys with limits, paused workflows.")));
+    const body = h("div");
+    view.appendChild(body);
+    const draw = async () => {
+      const data = await api("queue", { lane, after, keys_after: keysAfter, limit: 50 });
+      if (!live()) return;
+      const c = data.counts;
+      const max = data.count_max;
+      const laneLink = (name, label) =>
+        h("a", { class: "tab" + (lane === name ? " on" : ""), href: route("queue", { lane: name }), data: { lane: name } }, label);
+      const runRow = (r) =>
+        h(
+          "tr",
+          { class: "queued", data: { run: r.run_id } },
+          h("td", null, runLink(r.run_id)),
+          h("td", null, r.workflow_name),
+          h("td", { class: "n" + (r.priority > 0 ? " hot" : "") }, num(r.priority)),
+          h("td", null, h("span", { title: r.due_at }, r.due_in_ms > 0 ? relative(r.due_in_ms) : "due, " + relative(r.due_in_ms))),
+          h("td", null, r.concurrency_key === null ? dash(null) : h("span", { class: "id" }, r.concurrency_key))
+        );
+      const keyRow = (k) =>
+        h(
+          "tr",
+          { class: "key", data: { key: k.key } },
+          h("td", null, h("span", { class: "id" }, k.key)),
+          h("td", { class: "n" }, num(k.limit)),
+          h("td", { class: "n" + (k.live >= k.limit ? " hot" : "") }, num(k.live)),
+          h("td", { class: "n" }, atLeast(k.queued, max)),
+          h("td", null, k.limit === 0 ? pill("held") : k.live >= k.limit ? pill("full") : pill("room"))
+        );
+      const fresh = h(
+        "div",
+        null,
+        h(
+          "div",
+          { class: "cards" },
+          card("due now", atLeast(c.due, max), { note: "claimable, no key limit", data: { k: "due" } }),
+          card("due, keyed", atLeast(c.keyed, max), { note: "claimed while their key has room", data: { k: "keyed" } }),
+          card("not yet due", atLeast(c.later, max), { data: { k: "later" } }),
+          card("paused workflows", num(data.paused.length), { warn: data.paused.length > 0, data: { k: "paused" } })
+        ),
+        section(
+          "Runs",
+          h("div", { class: "tabs" }, laneLink("due", "Due now, by priority"), laneLink("later", "Not yet due, soonest first")),
+          table(["Run", "Workflow", "Priority", "Due", "Key"], data.runs.map(runRow), {
+            class: "queue-runs",
+            empty: lane === "due" ? "No run is due." : "No run waits for its time.",
+          }),
+          h(
+            "div",
+            { class: "pager" },
+            after ? h("a", { class: "button", href: route("queue", { lane }) }, "« First page") : null,
+            data.next ? h("a", { class: "button", href: route("queue", { lane, after: data.next }), rel: "next" }, "Next page ›") : null
+          )
+        ),
+        section(
+          "Keys with limits",
+          table(["Key", "Limit", "Live", "Queued", ""], data.keys.map(keyRow), { class: "queue-keys", empty: "No key has a limit." }),
+          data.keys_next || keysAfter
+            ? h(
+                "div",
+                { class: "pager" },
+                keysAfter ? h("a", { class: "button", href: route("queue", { lane }) }, "« First keys") : null,
+                data.keys_next ? h("a", { class: "button", href: route("queue", { lane, keys_after: data.keys_next }) }, "Next keys ›") : null
+              )
+            : null
+        ),
+        section(
+          "Paused workflows",
+          table(
+            ["Workflow", "Paused", "Queued runs held"],
+            data.paused.map((p) =>
+              h("tr", { class: "paused", data: { workflow: p.workflow_name } }, h("td", null, p.workflow_name), h("td", null, ago(p.paused_at)), h("td", { class: "n" }, atLeast(p.queued, max)))
+            ),
+            { class: "queue-paused", empty: "No workflow is paused." }
+          )
+        )
+      );
+      clear(body);
+      body.appendChild(fresh);
+    };
+    await draw();
+    const timer = setInterval(() => draw().catch((e) => live() && showError(e.message)), 5000);
+    teardown.push(() => clearInterval(timer));
+  };
+
   // ---------------------------------------------------------------- live tail
 
   pages.tail = async function (view, params, live) {

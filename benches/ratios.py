@@ -20,8 +20,8 @@ def main(path: str) -> int:
     groups: dict[str, dict[str, float]] = defaultdict(dict)
     for b in data["benchmarks"]:
         info = b["extra_info"]
-        if "units_per_s" in info:
-            continue  # one figure per caller count: the concurrency curve below
+        if "units_per_s" in info or "queue_claims_per_s" in info:
+            continue  # one figure per caller count: the curves below
         impl = info.get("impl") or b["name"].split("[")[0]
         groups[b["group"] or b["name"]][impl] = b["stats"]["median"] * 1e6 / info.get("ops", 1)
     cpu = data["machine_info"].get("cpu", {})
@@ -56,7 +56,45 @@ def main(path: str) -> int:
         [b["extra_info"] for b in data["benchmarks"] if "dispatch_units_per_s" in b["extra_info"]]
     )
     waits([b["extra_info"] for b in data["benchmarks"]])
+    queue([b["extra_info"] for b in data["benchmarks"] if "queue_claims_per_s" in b["extra_info"]])
     return 0
+
+
+def queue(rows: list[dict[str, Any]]) -> None:
+    """bench_queue: items taken and finished per second by 1, 4 and 8 processes from a small
+    and a large backlog, with and without key limits, fencepost and pgqueuer; then the ratios
+    its targets are stated in."""
+    if not rows:
+        return
+    rate = {
+        (r["impl"], r["backlog"], r["limits"], r["procs"]): r["queue_claims_per_s"] for r in rows
+    }
+    small, large = min(r["backlog"] for r in rows), max(r["backlog"] for r in rows)
+    print()
+    print(f"claim_next vs pgqueuer dequeue, items/s (backlogs of {small:,} and {large:,})")
+    print()
+    print(
+        "| limits | processes | fencepost small | fencepost large | large / small "
+        "| pgqueuer small | pgqueuer large | fencepost / pgqueuer (small, large) "
+        "| limits / none (fencepost) |"
+    )
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for limits in (False, True):
+        for procs in sorted({r["procs"] for r in rows}):
+            f = [rate.get(("fencepost", n, limits, procs)) for n in (small, large)]
+            q = [rate.get(("pgqueuer", n, limits, procs)) for n in (small, large)]
+            if None in f or None in q:
+                continue
+            free = [rate.get(("fencepost", n, False, procs)) for n in (small, large)]
+            vs_none = (
+                " / ".join(f"{a / b:.2f}x" for a, b in zip(f, free, strict=True) if b)
+                if limits
+                else ""
+            )
+            print(
+                f"| {'on' if limits else 'off'} | {procs} | {f[0]} | {f[1]} | {f[1] / f[0]:.2f}x "
+                f"| {q[0]} | {q[1]} | {f[0] / q[0]:.2f}x, {f[1] / q[1]:.2f}x | {vs_none} |"
+            )
 
 
 def waits(rows: list[dict[str, Any]]) -> None:

@@ -143,15 +143,18 @@ pub fn check(
     now_ms: i64,
 ) -> Result<Actor<'static>> {
     check_against(run_id, fence, now_ms, || {
-        tx.row(&sql::FENCE_SQL, params![run_id], |r| {
-            Ok(FenceRow {
-                generation: r.get(0)?,
-                token_hash: r.get(1)?,
-                expires_at: r.get(2)?,
-                owner_type: r.get(3)?,
-                owner_id: r.get(4)?,
-            })
-        })
+        tx.row(&sql::FENCE_SQL, params![run_id], fence_row)
+    })
+}
+
+/// A row of [`sql::FENCE_SQL`].
+pub(crate) fn fence_row(r: &dyn Row) -> DbResult<FenceRow> {
+    Ok(FenceRow {
+        generation: r.get(0)?,
+        token_hash: r.get(1)?,
+        expires_at: r.get(2)?,
+        owner_type: r.get(3)?,
+        owner_id: r.get(4)?,
     })
 }
 

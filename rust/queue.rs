@@ -552,44 +552,79 @@ fn candidate(r: &dyn Row) -> DbResult<Candidate> {
     })
 }
 
-/// The room of each key the claim may reach in `found` (sorted): the keys of the runs before
-/// the `limit`-th run without a key, which is taken whatever the keys' room; past it no keyed
-/// run can be. Counted with those keys' limits locked (see [`sql::LOCK_KEYS_SQL`]): the lock is
-/// sent with the count, whose snapshot then follows it. A claim whose keyed candidates are all
-/// out of reach locks no key and spends no round trip on them.
+/// The room of each key the claim may reach in `found` (sorted), asked for only as the claim
+/// reaches it: walking the candidates as the claim will, a key not asked yet counts as having
+/// room, and the keys met that way before the claim is full are locked and counted together,
+/// in one round trip (see [`sql::LOCK_KEYS_SQL`]: the count is sent after the lock, so its
+/// snapshot follows it). A key found full passes its runs over, and the walk goes on to the
+/// keys behind it, one more round trip each time. A claim whose keyed candidates are all out of
+/// reach (the unkeyed runs before them fill it) asks for no key at all.
+///
+/// The lock skips a key another claimer holds (it is counting that key's room, or has claimed
+/// from it and not committed yet): that key has no room for this call and its runs are passed
+/// over, as a run another claimer holds is. So claimers never wait for one another, and never
+/// in a cycle; a claim that locked a key counts every claim of it committed before.
 fn key_room(
     tx: &dyn Tx,
     found: &[Candidate],
     limit: i64,
     now_ms: i64,
 ) -> Result<HashMap<String, i64>> {
-    let mut keys = BTreeSet::new();
-    let mut unkeyed = 0;
-    for f in found {
-        if unkeyed >= limit {
-            break;
-        }
-        match &f.key {
-            Some(key) => {
-                keys.insert(key);
+    let mut room: HashMap<String, i64> = HashMap::new();
+    loop {
+        let mut wanted = BTreeSet::new();
+        let mut left: HashMap<&str, i64> = HashMap::new();
+        let mut taken = 0;
+        for f in found {
+            if taken >= limit {
+                break;
             }
-            None => unkeyed += 1,
+            let Some(key) = &f.key else {
+                taken += 1;
+                continue;
+            };
+            if let Some(&known) = room.get(key) {
+                let slots = left.entry(key).or_insert(known);
+                if *slots > 0 {
+                    *slots -= 1;
+                    taken += 1;
+                }
+            } else {
+                wanted.insert(key.clone());
+                taken += 1;
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(room);
+        }
+        let json = events::json_array(&wanted.iter().cloned().collect::<Vec<_>>());
+        let mut locked = BTreeSet::new();
+        let mut counted = HashMap::new();
+        let statements: [(&crate::store::Sql, &[&dyn crate::store::ToSql]); 2] = [
+            (&sql::LOCK_KEYS_SQL, params![json]),
+            (&sql::KEY_ROOM_SQL, params![json, now_ms]),
+        ];
+        tx.query_many(&statements, &mut |i, r| {
+            if i == 0 {
+                locked.insert(r.get::<String>(0)?);
+            } else {
+                counted.insert(r.get::<String>(0)?, r.get::<i64>(1)?);
+            }
+            Ok(())
+        })
+        .map_err(|e| tx.fail(&e))?;
+        for key in wanted {
+            let slots = match counted.get(&key) {
+                // No limit row (a rescued run's key that has none, or a limit removed
+                // meanwhile): nothing to count against.
+                None => i64::MAX,
+                Some(&n) if locked.contains(&key) => n,
+                // Held by another claimer: no room for this call.
+                Some(_) => 0,
+            };
+            room.insert(key, slots);
         }
     }
-    if keys.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let json = events::json_array(&keys.iter().map(|k| (*k).clone()).collect::<Vec<_>>());
-    tx.exec_later(&sql::LOCK_KEYS_SQL, params![json])?;
-    let mut room: HashMap<String, i64> = keys.into_iter().map(|k| (k.clone(), i64::MAX)).collect();
-    // A key without a limit row (a rescued run's key that has none, or a limit removed
-    // meanwhile) keeps its unbounded room.
-    for (key, left) in tx.rows(&sql::KEY_ROOM_SQL, params![json, now_ms], |r| {
-        Ok((r.get::<String>(0)?, r.get::<i64>(1)?))
-    })? {
-        room.insert(key, left);
-    }
-    Ok(room)
 }
 
 /// Set the limit of live leases for runs with `concurrency_key` (`None` removes it), and move

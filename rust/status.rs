@@ -22,7 +22,7 @@
 
 use crate::errors::{LedgerError, Result};
 use crate::params;
-use crate::store::{sql, DbError, DbErrorKind, DbResult, FromSql, SqlValue, ToSql, Tx};
+use crate::store::{sql, DbError, DbErrorKind, DbResult, FromSql, Row, SqlValue, ToSql, Tx};
 
 /// A status enum with its stored text: `as_str`, `parse`, `ALL`, `Display`, and the
 /// conversions to and from SQL (a stored text outside the enum is a type error, which the
@@ -284,18 +284,21 @@ impl RunState {
 }
 
 /// The run's [`RunState`], or `RunNotFound`.
-pub(crate) fn run_state(tx: &dyn Tx, run_id: &str) -> Result<RunState> {
-    tx.row(&sql::RUN_STATUS_SQL, params![run_id], |r| {
-        Ok(RunState {
-            status: r.get(0)?,
-            current_step_id: r.get(1)?,
-            scope_key: r.get(2)?,
-            workflow_ref: r.get(3)?,
-        })
-    })?
-    .ok_or_else(|| LedgerError::RunNotFound {
-        run_id: run_id.to_owned(),
+/// A row of [`sql::RUN_STATUS_SQL`].
+pub(crate) fn run_state_row(r: &dyn Row) -> DbResult<RunState> {
+    Ok(RunState {
+        status: r.get(0)?,
+        current_step_id: r.get(1)?,
+        scope_key: r.get(2)?,
+        workflow_ref: r.get(3)?,
     })
+}
+
+pub(crate) fn run_state(tx: &dyn Tx, run_id: &str) -> Result<RunState> {
+    tx.row(&sql::RUN_STATUS_SQL, params![run_id], run_state_row)?
+        .ok_or_else(|| LedgerError::RunNotFound {
+            run_id: run_id.to_owned(),
+        })
 }
 
 #[cfg(test)]

@@ -49,16 +49,21 @@ fn transition_because(
     now_ms: i64,
 ) -> Result<()> {
     state.status.check_move(to)?;
-    if let Err(e) = tx.exec_raw(
-        &sql::SET_RUN_STATUS_SQL,
-        params![run_id, to, current_step, now_ms],
-    ) {
-        return Err(guard_error(
-            tx,
-            &e,
-            state.scope_key.as_deref(),
-            &state.workflow_ref,
-        ));
+    let args = params![run_id, to, current_step, now_ms];
+    if to == RunStatus::Active && state.status != RunStatus::Active {
+        // Only a run entering `active` can meet the scope guard (`runs_scope_guard` holds
+        // active runs): its answer is waited for, to name the occupant.
+        if let Err(e) = tx.exec_raw(&sql::SET_RUN_STATUS_SQL, args) {
+            return Err(guard_error(
+                tx,
+                &e,
+                state.scope_key.as_deref(),
+                &state.workflow_ref,
+            ));
+        }
+    } else {
+        // Any other move cannot fail on it: sent with what follows.
+        tx.exec_later(&sql::SET_RUN_STATUS_SQL, args)?;
     }
     let mut fields = vec![("from".into(), Value::Str(state.status.as_str().into()))];
     if let Some(reason) = reason {
@@ -116,9 +121,7 @@ pub(crate) fn complete_step_in(
     fence: Option<&Fence>,
     now_ms: i64,
 ) -> Result<Run> {
-    tx.lock_run(run_id)?;
-    let actor = leases::check(tx, run_id, fence, now_ms)?;
-    let state = run_state(tx, run_id)?;
+    let (actor, state) = fenced_state(tx, run_id, fence, now_ms)?;
     state.require_active(run_id)?;
     let seq: i64 = tx
         .row(&sql::STEP_STATUS_SQL, params![run_id, step_id], |r| {
@@ -371,12 +374,45 @@ pub(crate) fn set_status_in(
     fence: &Fence,
     now_ms: i64,
 ) -> Result<Run> {
-    tx.lock_run(run_id)?;
-    let actor = leases::check(tx, run_id, Some(fence), now_ms)?;
-    let state = run_state(tx, run_id)?;
+    let (actor, state) = fenced_state(tx, run_id, Some(fence), now_ms)?;
     let current = state.current_step_id.as_deref();
     transition(tx, run_id, &state, to, current, &actor, now_ms)?;
     must_read_run(tx, run_id)
+}
+
+/// Lock `run_id`, then check `fence` against its lease ([`leases::check`]) and read its state
+/// ([`run_state`]): both reads in one round trip (on PostgreSQL sent with the lock, after it,
+/// so both see what the run's last writer committed). The fence is judged first, as alone.
+fn fenced_state(
+    tx: &dyn Tx,
+    run_id: &str,
+    fence: Option<&Fence>,
+    now_ms: i64,
+) -> Result<(crate::events::Actor<'static>, RunState)> {
+    tx.lock_run(run_id)?;
+    if fence.is_none() {
+        return Ok((crate::events::Actor::default(), run_state(tx, run_id)?));
+    }
+    let mut lease = None;
+    let mut state = None;
+    let reads: [(&crate::store::Sql, &[&dyn crate::store::ToSql]); 2] = [
+        (&sql::FENCE_SQL, params![run_id]),
+        (&sql::RUN_STATUS_SQL, params![run_id]),
+    ];
+    tx.query_many(&reads, &mut |i, r| {
+        if i == 0 {
+            lease = Some(leases::fence_row(r)?);
+        } else {
+            state = Some(crate::status::run_state_row(r)?);
+        }
+        Ok(())
+    })
+    .map_err(|e| tx.fail(&e))?;
+    let actor = leases::check_against(run_id, fence, now_ms, || Ok(lease))?;
+    let state = state.ok_or_else(|| LedgerError::RunNotFound {
+        run_id: run_id.to_owned(),
+    })?;
+    Ok((actor, state))
 }
 
 /// Record the run's outputs.

@@ -655,19 +655,20 @@ pub const RESCUABLE_SQL: Sql = Sql::split(
       AND NOT EXISTS (SELECT 1 FROM paused_workflows p WHERE p.workflow_name = r.workflow_name)
     ORDER BY x.expires_at, r.run_id COLLATE \"C\"",
 );
-/// Lock the limits of the keys ?1 (a JSON array) until the transaction ends, in key order (two
-/// claimers never wait on each other in a cycle): on PostgreSQL, whoever counts a key's live
-/// runs next ([`KEY_ROOM_SQL`], a statement of its own, so its snapshot is taken after the
-/// lock is granted) sees every claim of that key committed before. A row lock, not an
-/// advisory lock: it needs no key-to-number hash and holds through transaction-mode poolers
-/// all the same. SQLite has one writer, so there is nothing to lock: its half binds the same
-/// argument and returns no row (a statement sent without reading its answer must not).
+/// Lock the limits of the keys ?1 (a JSON array) until the transaction ends, skipping those
+/// another transaction holds, and return the keys locked: on PostgreSQL, whoever counts a key's
+/// live runs next ([`KEY_ROOM_SQL`], a statement of its own, so its snapshot is taken after the
+/// lock is granted) sees every claim of that key committed before, and a key another claimer
+/// holds is passed over rather than waited for (no claimer waits on another, so none waits in
+/// a cycle). A row lock, not an advisory lock: it needs no key-to-number hash and holds through
+/// transaction-mode poolers all the same. SQLite has one writer, so there is nothing to lock:
+/// every key that has a limit is its own.
 pub const LOCK_KEYS_SQL: Sql = Sql::split(
     "SELECT concurrency_key FROM concurrency_limits
-    WHERE 0 AND concurrency_key IN (SELECT value FROM json_each(?1))",
+    WHERE concurrency_key IN (SELECT value FROM json_each(?1))",
     "SELECT concurrency_key FROM concurrency_limits
     WHERE concurrency_key IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb))
-    ORDER BY concurrency_key COLLATE \"C\" FOR UPDATE",
+    FOR UPDATE SKIP LOCKED",
 );
 /// The runs of the key `c.concurrency_key` that hold live leases at ?2: out of the queue, not
 /// ended, lease expiring after ?2. The key's range of `runs_key_live`, each lease a primary-key

@@ -312,19 +312,47 @@ def _after_run(cursor: str | None) -> fp.Run | None:
     read looks at nothing else of it)."""
     if not cursor:
         return None
+    # The first number is a time too: from_ms refuses one out of range.
+    updated, created, run_id = _parse_cursor(
+        cursor, "page cursor", lambda n: fp.models.from_ms(n) is not None
+    )
+    return _stand_in(run_id, updated=updated, created=created)
+
+
+def _parse_cursor(
+    cursor: str, what: str, first_ok: Callable[[int], bool]
+) -> tuple[int, dt.datetime, str]:
+    """A cursor of two numbers and a run id: the first number (``first_ok`` says whether it
+    is in range, or raises), the second as a time, the run id (which may hold dots); a 400
+    naming ``what`` if it is none."""
     parts = cursor.split(".", 2)
     try:
         if len(parts) != 3:
             raise ValueError(cursor)
-        updated, created = int(parts[0]), int(parts[1])
-        at = fp.models.from_ms(updated), fp.models.from_ms(created)
+        first, at = int(parts[0]), fp.models.from_ms(int(parts[1]))
+        if not first_ok(first):
+            raise ValueError(cursor)
     except (ValueError, OverflowError, fp.InvalidArgument):
-        raise ApiError(400, f"not a page cursor: {cursor!r}") from None
+        raise ApiError(400, f"not a {what}: {cursor!r}") from None
+    return first, at, parts[2]
+
+
+def _stand_in(
+    run_id: str,
+    *,
+    updated: int | dt.datetime,
+    created: dt.datetime,
+    status: fp.RunStatus = "completed",
+    not_before: dt.datetime | None = None,
+    priority: int = 0,
+) -> fp.Run:
+    """A run at a cursor's place: the reads look at its id and the fields of their order."""
+    updated_at = updated if isinstance(updated, dt.datetime) else fp.models.from_ms(updated)
     return fp.Run(
-        run_id=parts[2], workflow_ref="", workflow_name="", scope_key=None, status="completed",
+        run_id=run_id, workflow_ref="", workflow_name="", scope_key=None, status=status,
         current_step_id=None, parent_run_id=None, parent_unit_id=None, invocation_key=None,
-        origin_session_id=None, params=None, outputs=None, revision=0, created_at=at[1],
-        updated_at=at[0], completed_at=None,
+        origin_session_id=None, params=None, outputs=None, revision=0, created_at=created,
+        updated_at=updated_at, completed_at=None, not_before=not_before, priority=priority,
     )  # fmt: skip
 
 
@@ -584,21 +612,10 @@ def _after_queued(cursor: str | None) -> fp.Run | None:
     (the read looks at nothing else of it)."""
     if not cursor:
         return None
-    parts = cursor.split(".", 2)
-    try:
-        if len(parts) != 3:
-            raise ValueError(cursor)
-        priority, due = int(parts[0]), fp.models.from_ms(int(parts[1]))
-        if not -1000 <= priority <= 1000:
-            raise ValueError(cursor)
-    except (ValueError, OverflowError, fp.InvalidArgument):
-        raise ApiError(400, f"not a queue cursor: {cursor!r}") from None
-    return fp.Run(
-        run_id=parts[2], workflow_ref="", workflow_name="", scope_key=None, status="queued",
-        current_step_id=None, parent_run_id=None, parent_unit_id=None, invocation_key=None,
-        origin_session_id=None, params=None, outputs=None, revision=0, created_at=due,
-        updated_at=due, completed_at=None, not_before=due, priority=priority,
-    )  # fmt: skip
+    priority, due, run_id = _parse_cursor(cursor, "queue cursor", lambda p: -1000 <= p <= 1000)
+    return _stand_in(
+        run_id, updated=due, created=due, status="queued", not_before=due, priority=priority
+    )
 
 
 def head_seq(ledger: fp.Ledger, hint: int = 0) -> int:

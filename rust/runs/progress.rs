@@ -50,9 +50,10 @@ fn transition_because(
 ) -> Result<()> {
     state.status.check_move(to)?;
     let args = params![run_id, to, current_step, now_ms];
-    if to == RunStatus::Active && state.status != RunStatus::Active {
-        // Only a run entering `active` can meet the scope guard (`runs_scope_guard` holds
-        // active runs): its answer is waited for, to name the occupant.
+    if to == RunStatus::Active && state.status != RunStatus::Active && state.scope_key.is_some() {
+        // Only a run with a scope entering `active` can meet the scope guard
+        // (`runs_scope_guard` holds active runs by scope and ref, and a unique index never
+        // finds two NULL scopes equal): its answer is waited for, to name the occupant.
         if let Err(e) = tx.exec_raw(&sql::SET_RUN_STATUS_SQL, args) {
             return Err(guard_error(
                 tx,

@@ -960,24 +960,29 @@ macro_rules! promote_due {
         concat!(
             "UPDATE runs SET queue_lane = ",
             due_lane!("runs.workflow_name", "runs.concurrency_key"),
-            " WHERE run_id IN (SELECT run_id FROM runs "
+            " WHERE run_id "
         )
     };
 }
 /// Move the queued runs that have come due (?1 now) out of the `later` lane into the one
 /// `due_lane!` gives: a range of `runs_lane_later`, so a claim pays for what has come due since
 /// the last one, not for the runs still waiting. PostgreSQL skips runs another claimer is
-/// moving (it moves them, the same way) rather than wait for its commit.
+/// moving (it moves them, the same way) rather than wait for its commit, and is handed the ids
+/// as an array: its estimate of how many runs are due by now is taken from the whole table's
+/// due times (half of a backlog may be due and the other half days away), and for an `IN` of
+/// that many it plans a hash join over a walk of every run, where an array is probed by the
+/// primary key, one run at a time.
 pub const PROMOTE_DUE_SQL: Sql = Sql::split(
     concat!(
         promote_due!(),
-        "INDEXED BY runs_lane_later
+        "IN (SELECT run_id FROM runs INDEXED BY runs_lane_later
         WHERE status = 'queued' AND queue_lane = 'later' AND due_at <= ?1)"
     ),
     concat!(
         promote_due!(),
-        "WHERE status = 'queued' AND queue_lane = 'later' AND due_at <= CAST(?1 AS BIGINT)
-        FOR UPDATE SKIP LOCKED)"
+        "= ANY(ARRAY(SELECT run_id FROM runs
+        WHERE status = 'queued' AND queue_lane = 'later' AND due_at <= CAST(?1 AS BIGINT)
+        FOR UPDATE SKIP LOCKED))"
     ),
 );
 /// What `prepare_or_adopt` compares, plus the status (a terminal run is not adopted).

@@ -524,6 +524,18 @@ mod tests {
     use crate::store::testing;
 
     #[test]
+    fn sessions_compile_no_plan() {
+        let (mut store, _dropper) = testing::postgres_fresh();
+        let jit = crate::store::Sql::same("SELECT current_setting('jit')");
+        let setting = store
+            .read("reading a setting", |tx| {
+                tx.row(&jit, crate::params![], |r| r.get::<String>(0))
+            })
+            .expect("read");
+        assert_eq!(setting.as_deref(), Some("off"));
+    }
+
+    #[test]
     fn lock_timeout_settings_parse() {
         assert_eq!(parse_ms("5s"), 5000);
         assert_eq!(parse_ms("250ms"), 250);

@@ -92,8 +92,8 @@ def cmd_runs(args: argparse.Namespace, out: TextIO) -> int:
         # is due yet, priority, key.
         clock = datetime.datetime.now(datetime.UTC)
         queue = [
-            (r.run_id, r.workflow_name, iso(r.not_before or r.created_at),
-             "yes" if (r.not_before or r.created_at) <= clock else "no", r.priority,
+            (r.run_id, r.workflow_name, iso(r.due_at),
+             "yes" if r.due_at <= clock else "no", r.priority,
              r.concurrency_key)
             for r in runs
         ]  # fmt: skip

@@ -826,8 +826,7 @@ class Ledger:
                     f"after must be a Run from the page before, not {type(after).__name__}",
                     argument="after",
                 )
-            due = after.not_before if after.not_before is not None else after.created_at
-            cursor = (after.priority, to_ms(due), after.run_id)
+            cursor = (after.priority, to_ms(after.due_at), after.run_id)
         return self._core.queued_runs(lane, limit, cursor)
 
     def queue_overview(

@@ -127,6 +127,12 @@ class Run:
     priority: int = 0
     concurrency_key: str | None = None
 
+    @property
+    def due_at(self) -> _dt.datetime:
+        """When ``claim_next`` counts the run due, and orders it by: ``not_before``, else
+        the time it was queued."""
+        return self.not_before if self.not_before is not None else self.created_at
+
 
 @dataclass(frozen=True, slots=True)
 class Step:

@@ -567,15 +567,14 @@ def queue_page(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
     shown = runs[:limit]
     rows = []
     for r in shown:
-        due = r.not_before if r.not_before is not None else r.created_at
         rows.append(
             {
                 "run_id": r.run_id,
                 "workflow_name": r.workflow_name,
                 "priority": r.priority,
                 "concurrency_key": r.concurrency_key,
-                "due_at": iso(due),
-                "due_in_ms": fp.models.to_ms(due) - now_ms,
+                "due_at": iso(r.due_at),
+                "due_in_ms": fp.models.to_ms(r.due_at) - now_ms,
                 "created_at": iso(r.created_at),
             }
         )
@@ -603,8 +602,7 @@ def queue_page(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
 def _queue_cursor(run: fp.Run) -> str:
     """The cursor of a page of the queue that ends at ``run``: its place in the lane's order
     (priority, due time, id) as the page saw it."""
-    due = run.not_before if run.not_before is not None else run.created_at
-    return f"{run.priority}.{fp.models.to_ms(due)}.{run.run_id}"
+    return f"{run.priority}.{fp.models.to_ms(run.due_at)}.{run.run_id}"
 
 
 def _after_queued(cursor: str | None) -> fp.Run | None:

@@ -136,3 +136,15 @@ pub(crate) fn finished_payload(f: &FinishSpec, step_id: Option<String>, phase: S
     }
     Value::Object(payload)
 }
+
+/// The `unit.exhausted` payload: the attempt that used up the unit's retry policy.
+pub(crate) fn exhausted_payload(f: &FinishSpec, step_id: Option<&str>, phase: &str) -> Value {
+    Value::Object(vec![
+        ("attempts".into(), Value::Int(f.attempt)),
+        ("phase".into(), Value::Str(phase.to_owned())),
+        ("run_id".into(), Value::Str(f.run_id.clone())),
+        ("status".into(), Value::Str(f.status.clone())),
+        ("step_id".into(), step_id.map_or(Value::Null, |s| Value::Str(s.to_owned()))),
+        ("unit_id".into(), Value::Str(f.unit_id.clone())),
+    ])
+}

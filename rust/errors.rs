@@ -98,6 +98,26 @@ pub enum LedgerError {
         /// What happened to the claim.
         reason: LostReason,
     },
+    /// A reservation came before the failed unit's retry time (`force=True` reserves anyway).
+    #[error("unit {unit_id:?} of run {run_id:?} may be retried from {retry_at} (epoch ms)")]
+    RetryNotDue {
+        /// The run.
+        run_id: String,
+        /// The unit.
+        unit_id: String,
+        /// When the unit may be reserved again, epoch milliseconds.
+        retry_at: i64,
+    },
+    /// A reservation named a unit that has used every attempt its policy allows.
+    #[error("unit {unit_id:?} of run {run_id:?} is exhausted after {attempts} attempts")]
+    UnitExhausted {
+        /// The run.
+        run_id: String,
+        /// The unit.
+        unit_id: String,
+        /// The attempts it made.
+        attempts: i64,
+    },
     /// The database stayed locked past the busy timeout and every retry.
     #[error("database busy after {waited_ms} ms and {retries} retries")]
     StoreBusy {

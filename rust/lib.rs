@@ -16,6 +16,7 @@ pub mod observe;
 pub(crate) mod plan;
 pub mod queue;
 pub mod retention;
+pub mod retry;
 pub mod runs;
 pub mod status;
 pub mod store;

@@ -97,6 +97,9 @@ pub struct Unit {
     pub failure_reason: Option<String>,
     /// Holder of the latest reservation.
     pub claim_holder: Option<String>,
+    /// When a failed unit may be reserved again, under its retry policy (epoch ms); `None`
+    /// unless it waits for a retry.
+    pub retry_at: Option<i64>,
 }
 
 /// One attempt.

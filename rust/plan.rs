@@ -25,13 +25,16 @@
 use std::collections::HashMap;
 
 use crate::attempts::judge::{self, AttemptKey, LatestAttempt, ReserveVerdict, RunningAttempt};
-use crate::attempts::{finished_payload, started_payload, FinishSpec, UnitSpec};
+use crate::attempts::{
+    exhausted_payload, finished_payload, started_payload, FinishSpec, UnitSpec,
+};
 use crate::canonical::{into_text, to_vec};
 use crate::errors::{LedgerError, Result};
 use crate::events::Actor;
 use crate::leases::{self, Fence, FenceRow};
 use crate::model::{Claim, Reservation, ReservationKind};
-use crate::status::{AttemptStatus, RunState, RunStatus};
+use crate::retry::AfterFailure;
+use crate::status::{AttemptStatus, RunState, RunStatus, UnitStatus};
 use crate::store::rows::{
     AttemptRef, FenceRead, FinishRow, HeartbeatRow, Part, ReclaimRow, ReserveRow, RunRead,
     SnapshotKeys, Stamp, UnitRef, Writes,
@@ -84,6 +87,7 @@ impl<'a> Keys<'a> {
                 unit_id: &f.unit_id,
                 attempt: f.attempt,
                 dispatch_id: &f.dispatch_id,
+                failing: matches!(f.status.as_str(), "failed" | "timed_out"),
             });
         }
     }
@@ -268,6 +272,12 @@ impl<'a> Judgment<'a> {
                 out.push(false);
                 continue;
             };
+            let after = judge::after_finish(f, won.retry_policy.as_deref(), now_ms);
+            let exhausted = after == Some(AfterFailure::Exhausted);
+            let retry_at = match after {
+                Some(AfterFailure::RetryAt(at)) => Some(at),
+                _ => None,
+            };
             if let Some(l) = self
                 .snapshot
                 .latest
@@ -275,7 +285,16 @@ impl<'a> Judgment<'a> {
                 .filter(|l| l.attempt == f.attempt)
             {
                 l.status = AttemptStatus::parse(&f.status).unwrap_or(AttemptStatus::Completed);
+                l.exhausted = exhausted;
+                l.retry_at = retry_at;
             }
+            let exhausted = exhausted.then(|| {
+                into_text(to_vec(&exhausted_payload(
+                    f,
+                    won.step_id.as_deref(),
+                    &won.phase,
+                )))
+            });
             self.writes.finishes.push(FinishRow {
                 run_id: &f.run_id,
                 unit_id: &f.unit_id,
@@ -286,6 +305,13 @@ impl<'a> Judgment<'a> {
                 tokens: f.tokens,
                 failure_reason: f.failure_reason.as_deref(),
                 session_id: f.session_id.as_deref(),
+                unit_status: if exhausted.is_some() {
+                    UnitStatus::Exhausted.as_str()
+                } else {
+                    &f.status
+                },
+                retry_at,
+                exhausted,
                 payload: into_text(to_vec(&finished_payload(f, won.step_id, won.phase))),
                 stamp: stamp.clone(),
             });
@@ -323,7 +349,7 @@ impl<'a> Judgment<'a> {
                     .latest
                     .get(&(run_id.to_owned(), u.unit_id.clone()))
             });
-            let next = match judge::reserve(latest, u)? {
+            let next = match judge::reserve(run_id, latest, u, now_ms)? {
                 ReserveVerdict::New { attempt } => {
                     reserves.push(reserve_row(run_id, u, attempt, dispatch_id, &stamp));
                     out.push(Reservation {

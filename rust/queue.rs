@@ -17,6 +17,7 @@ use crate::events::{self, Actor};
 use crate::ids::{check_name, check_run_id};
 use crate::leases::{self, ClaimSpec};
 use crate::model::{Claim, Lease, Run};
+use crate::retry::RetryPolicy;
 use crate::runs;
 use crate::status::RunStatus;
 use crate::store::rows::Writes;
@@ -54,6 +55,8 @@ pub struct NewQueuedRun {
     pub priority: i64,
     /// What the run counts against while it holds a live lease, if a limit is set for it.
     pub concurrency_key: Option<String>,
+    /// The retry policy of the run's units.
+    pub retry: Option<RetryPolicy>,
 }
 
 /// The lowest priority a queued run may have.
@@ -128,6 +131,9 @@ impl NewQueuedRun {
         }
         if let Some(key) = &self.concurrency_key {
             check_key(key)?;
+        }
+        if let Some(p) = &self.retry {
+            p.check("retry", "")?;
         }
         if self.definition_digest != self.definition.digest {
             return Err(LedgerError::invalid(
@@ -255,7 +261,8 @@ fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
             not_before,
             req.priority,
             req.concurrency_key,
-            not_before.unwrap_or(now_ms)
+            not_before.unwrap_or(now_ms),
+            req.retry.as_ref().map(RetryPolicy::to_text)
         ],
     )?;
     tx.exec_later(&sql::CREATE_LEASE_SQL, params![&req.run_id])?;
@@ -316,9 +323,9 @@ fn differences(tx: &dyn Tx, req: &NewQueuedRun) -> Result<Option<(Vec<String>, R
         for (i, field) in stored.iter_mut().enumerate() {
             *field = r.get(i)?;
         }
-        Ok((stored, r.get::<RunStatus>(8)?))
+        Ok((stored, r.get::<RunStatus>(8)?, r.get::<Option<String>>(9)?))
     })?;
-    let Some((stored, status)) = row else {
+    let Some((stored, status, retry)) = row else {
         return Ok(None);
     };
     let wanted: [(&str, Option<&str>); 8] = [
@@ -331,12 +338,15 @@ fn differences(tx: &dyn Tx, req: &NewQueuedRun) -> Result<Option<(Vec<String>, R
         ("input", Some(&req.input.digest)),
         ("launch_options", Some(&req.launch_options.digest)),
     ];
-    let fields = wanted
+    let mut fields: Vec<String> = wanted
         .iter()
         .zip(&stored)
         .filter(|((_, want), have)| *want != have.as_deref())
         .map(|((name, _), _)| (*name).to_owned())
         .collect();
+    if retry != req.retry.as_ref().map(RetryPolicy::to_text) {
+        fields.push("retry".to_owned());
+    }
     Ok(Some((fields, status)))
 }
 

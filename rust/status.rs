@@ -257,6 +257,9 @@ status_enum! {
         Cancelled = "cancelled",
         /// The latest attempt timed out.
         TimedOut = "timed_out",
+        /// The latest attempt failed or timed out, and it was the last its retry policy
+        /// allows.
+        Exhausted = "exhausted",
     }
 }
 

@@ -18,11 +18,13 @@ from fencepost.errors import (
     LostReason,
     NotFound,
     PreparationConflict,
+    RetryNotDue,
     RunNotActive,
     RunNotFound,
     SchemaError,
     StoreBusy,
     StoreError,
+    UnitExhausted,
 )
 from fencepost.ledger import ALL_SCOPES, Ledger
 from fencepost.models import (
@@ -81,6 +83,7 @@ __all__ = [
     "QueueOverview",
     "Reservation",
     "ReservationKind",
+    "RetryNotDue",
     "Run",
     "RunNotActive",
     "RunNotFound",
@@ -91,6 +94,7 @@ __all__ = [
     "StoreBusy",
     "StoreError",
     "Unit",
+    "UnitExhausted",
     "UnitStatus",
     "__version__",
     "canonical_json",

@@ -76,6 +76,7 @@ class _StartRun(TypedDict):
     force: bool
     agent_harness: str | None
     agent_session_id: str | None
+    retry: Mapping[str, Any] | None
 
 class _ChildRun(TypedDict):
     parent_run_id: str
@@ -86,6 +87,7 @@ class _ChildRun(TypedDict):
     params: object
     plan: object
     run_id: str | None
+    retry: Mapping[str, Any] | None
 
 class _StepResult(TypedDict):
     status: str
@@ -106,6 +108,7 @@ class _Unit(TypedDict):
     parent_unit_id: str | None
     holder: str | None
     trace_context: str | None
+    force: bool
 
 class _Finish(TypedDict):
     run_id: str
@@ -134,6 +137,7 @@ class _QueuedRun(TypedDict):
     not_before_after_ms: int | None
     priority: int
     concurrency_key: str | None
+    retry: Mapping[str, Any] | None
 
 @final
 class Ledger:
@@ -211,6 +215,7 @@ class Ledger:
         units: Sequence[Mapping[str, Any]],
         claim: Claim | None,
         *,
+        force: bool = False,
         future: None = None,
     ) -> list[Reservation]: ...
     @overload
@@ -220,6 +225,7 @@ class Ledger:
         units: Sequence[Mapping[str, Any]],
         claim: Claim | None,
         *,
+        force: bool = False,
         future: Future[list[Reservation]],
     ) -> None: ...
     @overload

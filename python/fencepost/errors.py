@@ -11,6 +11,7 @@ default, so ``cls(message)`` followed by restoring ``__dict__`` rebuilds the sam
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Sequence
 from typing import Literal
 
@@ -24,11 +25,13 @@ __all__ = [
     "LedgerError",
     "NotFound",
     "PreparationConflict",
+    "RetryNotDue",
     "RunNotActive",
     "RunNotFound",
     "SchemaError",
     "StoreBusy",
     "StoreError",
+    "UnitExhausted",
 ]
 
 
@@ -230,6 +233,47 @@ def _lost_message(run_id: str, expected: int, actual: int, reason: str) -> str:
         f"{lead}: this claim holds generation {expected}, another claim took generation "
         f"{actual}; stop working on the run: its new owner carries on"
     )
+
+
+class RetryNotDue(LedgerError):
+    """A reservation came before the failed unit's ``retry_at``; nothing was written. Reserve
+    again from ``retry_at`` on (``due_units`` lists the units that are due), or pass
+    ``force=True`` to reserve now."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        run_id: str = "",
+        unit_id: str = "",
+        retry_at: _dt.datetime | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.unit_id = unit_id
+        self.retry_at = retry_at
+        when = retry_at.isoformat() if retry_at is not None else "its retry time"
+        super().__init__(
+            message
+            or f"unit {unit_id!r} of run {run_id!r} failed and may be retried from {when}; "
+            "reserve it then, or pass force=True to reserve it now"
+        )
+
+
+class UnitExhausted(LedgerError):
+    """A reservation named a unit that has used every attempt its retry policy allows; nothing
+    was written. ``retry_units`` gives it one more attempt."""
+
+    def __init__(
+        self, message: str | None = None, *, run_id: str = "", unit_id: str = "", attempts: int = 0
+    ) -> None:
+        self.run_id = run_id
+        self.unit_id = unit_id
+        self.attempts = attempts
+        super().__init__(
+            message
+            or f"unit {unit_id!r} of run {run_id!r} is exhausted after {attempts} attempts; "
+            "ledger.retry_units(run_id, [unit_id]) gives it one more, force=True does not"
+        )
 
 
 class StoreBusy(LedgerError, TimeoutError):

@@ -360,12 +360,19 @@ class Ledger:
         force: bool = False,
         agent_harness: str | None = None,
         agent_session_id: str | None = None,
+        retry: Mapping[str, Any] | None = None,
     ) -> Run:
         """Start a top-level run: run, steps, plan and ``run.started`` in one transaction.
 
         Unless ``force``, refuses with ``ActiveRunExists`` while another top-level run of any of
         ``guard_refs`` (default ``[workflow_ref]``) is ``active`` in ``scope_key``; the database
         enforces it, so racing processes cannot both win. ``params`` defaults to ``{}``.
+
+        ``retry`` is the retry policy of the run's units (a step's ``"retry"`` overrides it for
+        that step's units): ``{"max_attempts": int >= 1, "initial_ms": int >= 0, "factor":
+        float >= 1 (2), "max_ms": int (one hour), "jitter": 0..1 (0)}``. A failed or timed-out
+        finish then sets the unit's ``retry_at``, or makes it ``exhausted`` after
+        ``max_attempts``; see ``docs/retries.md``.
         """
         return self._core.start_run(
             {
@@ -380,6 +387,7 @@ class Ledger:
                 "force": force,
                 "agent_harness": agent_harness,
                 "agent_session_id": agent_session_id,
+                "retry": retry,
             },
         )
 
@@ -394,9 +402,11 @@ class Ledger:
         params: Any = None,
         plan: Any = None,
         run_id: str | None = None,
+        retry: Mapping[str, Any] | None = None,
     ) -> Run:
         """Publish the child of ``parent_run_id`` for ``invocation_key``, or return the one
-        already published (idempotent; concurrent publishers all get the same child)."""
+        already published (idempotent; concurrent publishers all get the same child).
+        ``retry`` is the retry policy of the child's units, as for ``start_run``."""
         return self._core.publish_child_run(
             {
                 "parent_run_id": parent_run_id,
@@ -407,6 +417,7 @@ class Ledger:
                 "params": params,
                 "plan": plan,
                 "run_id": run_id,
+                "retry": retry,
             },
         )
 
@@ -540,9 +551,14 @@ class Ledger:
         holder: str | None = None,
         claim: Claim | None = None,
         trace_context: str | None = None,
+        force: bool = False,
     ) -> Reservation:
         """Reserve attempt n+1 of a unit, or reclaim its still-running latest attempt in place
         (same number and ``dispatch_id``; refused if ``step_id``/``input_hash`` changed).
+
+        Under a retry policy a failed unit is refused with ``RetryNotDue`` before its
+        ``retry_at`` (``force=True`` reserves it anyway) and an exhausted one with
+        ``UnitExhausted`` (``retry_units`` gives it one more attempt); nothing is written.
 
         ``trace_context`` is a W3C ``traceparent`` kept on the attempt (a reclaim keeps the
         reclaimer's), so whoever does the attempt's work can link its span to the one that
@@ -562,16 +578,23 @@ class Ledger:
                 "parent_unit_id": parent_unit_id,
                 "holder": holder,
                 "trace_context": trace_context,
+                "force": force,
             },
             claim,
         )
 
     def reserve_attempts(
-        self, run_id: str, units: Sequence[Mapping[str, Any]], *, claim: Claim | None = None
+        self,
+        run_id: str,
+        units: Sequence[Mapping[str, Any]],
+        *,
+        claim: Claim | None = None,
+        force: bool = False,
     ) -> list[Reservation]:
-        """``reserve_attempt`` for many units in one transaction (all or nothing). Each dict
-        takes ``unit_id`` plus the keywords of ``reserve_attempt``."""
-        return self._core.reserve_attempts(run_id, units, claim)
+        """``reserve_attempt`` for many units in one transaction (all or nothing: one unit
+        refused with ``RetryNotDue`` or ``UnitExhausted`` refuses the call). Each dict takes
+        ``unit_id`` plus the keywords of ``reserve_attempt``; ``force`` applies to every unit."""
+        return self._core.reserve_attempts(run_id, units, claim, force=force)
 
     def finish_attempt(
         self,
@@ -666,6 +689,7 @@ class Ledger:
         not_before: _dt.datetime | _dt.timedelta | None = None,
         priority: int = 0,
         concurrency_key: str | None = None,
+        retry: Mapping[str, Any] | None = None,
     ) -> Run:
         """Queue a run for a controller (status ``queued``, lease generation 0, no owner).
         ``definition_digest`` must equal ``fencepost.digest(definition)``: it is recomputed,
@@ -675,7 +699,8 @@ class Ledger:
         Scheduling, for ``claim_next``: ``not_before`` (an aware datetime, or a timedelta from
         the ledger's clock) keeps the run queued and passed over until then; ``priority``
         (-1000..1000) orders it, higher first; ``concurrency_key`` counts it against the key's
-        limit (``set_concurrency_limit``) while it holds a live lease."""
+        limit (``set_concurrency_limit``) while it holds a live lease. ``retry`` is the retry
+        policy of the run's units, as for ``start_run``."""
         return self._core.reserve_run(
             _queued_run(
                 run_id,
@@ -693,6 +718,7 @@ class Ledger:
                     "not_before": not_before,
                     "priority": priority,
                     "concurrency_key": concurrency_key,
+                    "retry": retry,
                 },
             )
         )
@@ -716,6 +742,7 @@ class Ledger:
         not_before: _dt.datetime | _dt.timedelta | None = None,
         priority: int = 0,
         concurrency_key: str | None = None,
+        retry: Mapping[str, Any] | None = None,
     ) -> ClaimedPreparation | AdoptedPreparation:
         """One transaction: adopt the run if it exists with these exact inputs (no writes),
         raise ``PreparationConflict`` naming the fields that differ, or reserve and claim it
@@ -723,7 +750,8 @@ class Ledger:
         ``claim`` for a type checker. The scheduling keywords are ``reserve_run``'s; they are
         stored with a new run and are not compared when adopting (how a run is scheduled is
         not what it is), and the claim is taken at once whatever ``not_before`` says: the
-        caller asked for the run now."""
+        caller asked for the run now. ``retry`` is compared (``"retry"`` among the fields):
+        how a run's units are retried is part of what the run does."""
         return self._core.prepare_or_adopt(
             _queued_run(
                 run_id,
@@ -741,6 +769,7 @@ class Ledger:
                     "not_before": not_before,
                     "priority": priority,
                     "concurrency_key": concurrency_key,
+                    "retry": retry,
                 },
             ),
             lease_ms,

@@ -73,8 +73,11 @@ StepStatus: TypeAlias = Literal["pending", "active", "completed", "blocked", "fa
 AttemptStatus: TypeAlias = Literal["running", "completed", "failed", "cancelled", "timed_out"]
 """An attempt is ``running`` until finished with one of the four terminal statuses."""
 
-UnitStatus: TypeAlias = AttemptStatus
-"""A unit's status is its latest attempt's."""
+UnitStatus: TypeAlias = Literal[
+    "running", "completed", "failed", "cancelled", "timed_out", "exhausted"
+]
+"""A unit's status is its latest attempt's, except ``exhausted``: the latest attempt failed or
+timed out and was the last its retry policy allows."""
 
 ReservationKind: TypeAlias = Literal["reserved", "reclaimed"]
 """``reserved``: a new attempt; ``reclaimed``: the running latest attempt, taken over in place."""
@@ -164,6 +167,9 @@ class Unit:
     tokens: int | None
     failure_reason: str | None
     claim_holder: str | None
+    retry_at: _dt.datetime | None = None
+    """When a failed unit may be reserved again under its retry policy; ``None`` unless it
+    waits for a retry (``due_units`` lists those whose time has come)."""
 
 
 @dataclass(frozen=True, slots=True)

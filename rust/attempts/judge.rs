@@ -11,7 +11,8 @@
 use std::collections::HashMap;
 
 use crate::errors::{LedgerError, Result};
-use crate::status::AttemptStatus;
+use crate::retry::{AfterFailure, RetryPolicy};
+use crate::status::{AttemptStatus, UnitStatus};
 use crate::store::{DbResult, Row};
 
 use super::{FinishSpec, UnitSpec};
@@ -33,12 +34,16 @@ pub(crate) struct LatestAttempt {
     pub reclaims: i64,
     /// The generation of the claim that handed it out last.
     pub lease_generation: Option<i64>,
+    /// Its unit has used every attempt its retry policy allows.
+    pub exhausted: bool,
+    /// When its failed unit may be reserved again, under its retry policy.
+    pub retry_at: Option<i64>,
 }
 
 impl LatestAttempt {
-    /// The seven columns `attempt, dispatch_id, status, step_id, input_hash, reclaims,
-    /// lease_generation` of `r`, from column `at` on (every latest-attempt statement reads
-    /// them in this order).
+    /// The nine columns `attempt, dispatch_id, status, step_id, input_hash, reclaims,
+    /// lease_generation` of the attempt and `status, retry_at` of its unit, from column `at`
+    /// on (every latest-attempt statement reads them in this order).
     pub(crate) fn from_row(r: &dyn Row, at: usize) -> DbResult<Self> {
         Ok(Self {
             attempt: r.get(at)?,
@@ -48,6 +53,8 @@ impl LatestAttempt {
             input_hash: r.get(at + 4)?,
             reclaims: r.get(at + 5)?,
             lease_generation: r.get(at + 6)?,
+            exhausted: r.get::<UnitStatus>(at + 7)? == UnitStatus::Exhausted,
+            retry_at: r.get(at + 8)?,
         })
     }
 
@@ -66,6 +73,8 @@ impl LatestAttempt {
             input_hash: u.input_hash.clone(),
             reclaims: 0,
             lease_generation: generation,
+            exhausted: false,
+            retry_at: None,
         }
     }
 }
@@ -82,15 +91,33 @@ pub(crate) enum ReserveVerdict<'a> {
     Reclaim(&'a LatestAttempt),
 }
 
-/// Judge a reservation of `u` whose latest attempt is `latest`.
+/// Judge a reservation of `u` of run `run_id`, whose latest attempt is `latest`, at `now_ms`.
+/// A unit that failed under a retry policy waits for its retry time (`force` passes it) and
+/// an exhausted unit takes no attempt at all.
 pub(crate) fn reserve<'a>(
+    run_id: &str,
     latest: Option<&'a LatestAttempt>,
     u: &UnitSpec,
+    now_ms: i64,
 ) -> Result<ReserveVerdict<'a>> {
     let Some(l) = latest else {
         return Ok(ReserveVerdict::New { attempt: 1 });
     };
     if l.status != AttemptStatus::Running {
+        if l.exhausted {
+            return Err(LedgerError::UnitExhausted {
+                run_id: run_id.to_owned(),
+                unit_id: u.unit_id.clone(),
+                attempts: l.attempt,
+            });
+        }
+        if let Some(retry_at) = l.retry_at.filter(|&t| t > now_ms && !u.force) {
+            return Err(LedgerError::RetryNotDue {
+                run_id: run_id.to_owned(),
+                unit_id: u.unit_id.clone(),
+                retry_at,
+            });
+        }
         return Ok(ReserveVerdict::New {
             attempt: l.attempt + 1,
         });
@@ -137,13 +164,17 @@ pub(crate) struct AttemptKey {
     pub dispatch_id: String,
 }
 
-/// What a still-running attempt's `unit.finished` event carries of it.
+/// What a still-running attempt's `unit.finished` event carries of it, and the retry policy a
+/// failing finish applies to its unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RunningAttempt {
     /// The step it was reserved for.
     pub step_id: Option<String>,
     /// `unit` or `gate`.
     pub phase: String,
+    /// The policy of its step, else of its run, as stored; read only for a finish that fails
+    /// it (`AttemptRef::failing`).
+    pub retry_policy: Option<String>,
 }
 
 impl FinishSpec {
@@ -159,7 +190,7 @@ impl FinishSpec {
 }
 
 /// A row of a running-attempts statement: `run_id, unit_id, attempt, dispatch_id, step_id,
-/// phase`.
+/// phase, retry_policy`.
 pub(crate) fn running_row(r: &dyn Row) -> DbResult<(AttemptKey, RunningAttempt)> {
     Ok((
         AttemptKey {
@@ -171,6 +202,7 @@ pub(crate) fn running_row(r: &dyn Row) -> DbResult<(AttemptKey, RunningAttempt)>
         RunningAttempt {
             step_id: r.get(4)?,
             phase: r.get(5)?,
+            retry_policy: r.get(6)?,
         },
     ))
 }
@@ -183,6 +215,20 @@ pub(crate) fn finish(
     f: &FinishSpec,
 ) -> Option<RunningAttempt> {
     running.remove(&f.key())
+}
+
+/// What a winning finish leaves its unit to under the retry policy `policy` (stored text):
+/// nothing unless the attempt failed or timed out and a policy applies.
+pub(crate) fn after_finish(
+    f: &FinishSpec,
+    policy: Option<&str>,
+    finished_at: i64,
+) -> Option<AfterFailure> {
+    if !matches!(f.status.as_str(), "failed" | "timed_out") {
+        return None;
+    }
+    let policy = RetryPolicy::from_text(policy?)?;
+    Some(policy.after_failure(&f.run_id, &f.unit_id, f.attempt, finished_at))
 }
 
 #[cfg(test)]
@@ -207,6 +253,8 @@ mod tests {
             input_hash: input.map(Into::into),
             reclaims: 0,
             lease_generation: None,
+            exhausted: false,
+            retry_at: None,
         }
     }
 
@@ -214,22 +262,22 @@ mod tests {
     fn a_reservation_starts_the_next_attempt_or_reclaims_the_running_one() {
         let u = unit("s", Some("i"));
         assert_eq!(
-            reserve(None, &u).unwrap(),
+            reserve("r", None, &u, 0).unwrap(),
             ReserveVerdict::New { attempt: 1 }
         );
         let done = latest(AttemptStatus::Failed, Some("other"));
         assert_eq!(
-            reserve(Some(&done), &u).unwrap(),
+            reserve("r", Some(&done), &u, 0).unwrap(),
             ReserveVerdict::New { attempt: 4 }
         );
         let running = latest(AttemptStatus::Running, Some("i"));
         assert_eq!(
-            reserve(Some(&running), &u).unwrap(),
+            reserve("r", Some(&running), &u, 0).unwrap(),
             ReserveVerdict::Reclaim(&running)
         );
         let unnamed = latest(AttemptStatus::Running, None);
         assert_eq!(
-            reserve(Some(&unnamed), &u).unwrap(),
+            reserve("r", Some(&unnamed), &u, 0).unwrap(),
             ReserveVerdict::Reclaim(&unnamed)
         );
     }
@@ -241,10 +289,64 @@ mod tests {
             (unit("t", Some("i")), "step_id"),
             (unit("s", Some("j")), "input_hash"),
         ] {
-            match reserve(Some(&running), &u) {
+            match reserve("r", Some(&running), &u, 0) {
                 Err(LedgerError::InvalidArgument { argument: a, .. }) => assert_eq!(a, argument),
                 other => panic!("{other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_failed_unit_waits_for_its_retry_time_and_an_exhausted_one_takes_no_attempt() {
+        let mut u = unit("s", None);
+        let waiting = LatestAttempt {
+            retry_at: Some(100),
+            ..latest(AttemptStatus::Failed, None)
+        };
+        match reserve("r", Some(&waiting), &u, 99) {
+            Err(LedgerError::RetryNotDue { retry_at, .. }) => assert_eq!(retry_at, 100),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            reserve("r", Some(&waiting), &u, 100).unwrap(),
+            ReserveVerdict::New { attempt: 4 }
+        );
+        let exhausted = LatestAttempt {
+            exhausted: true,
+            ..latest(AttemptStatus::Failed, None)
+        };
+        u.force = true;
+        assert_eq!(
+            reserve("r", Some(&waiting), &u, 0).unwrap(),
+            ReserveVerdict::New { attempt: 4 }
+        );
+        match reserve("r", Some(&exhausted), &u, 0) {
+            Err(LedgerError::UnitExhausted { attempts, .. }) => assert_eq!(attempts, 3),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_a_failing_finish_under_a_policy_schedules_a_retry() {
+        let policy = RetryPolicy::new(2, 1_000).to_text();
+        let finish = |status: &str, attempt: i64| FinishSpec {
+            run_id: "r".into(),
+            unit_id: "u".into(),
+            attempt,
+            status: status.into(),
+            ..FinishSpec::default()
+        };
+        let after = |f: &FinishSpec, p: Option<&str>| after_finish(f, p, 5_000);
+        assert_eq!(
+            after(&finish("failed", 1), Some(&policy)),
+            Some(AfterFailure::RetryAt(6_000))
+        );
+        assert_eq!(
+            after(&finish("timed_out", 2), Some(&policy)),
+            Some(AfterFailure::Exhausted)
+        );
+        assert_eq!(after(&finish("completed", 1), Some(&policy)), None);
+        assert_eq!(after(&finish("cancelled", 1), Some(&policy)), None);
+        assert_eq!(after(&finish("failed", 1), None), None);
     }
 }

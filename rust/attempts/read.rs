@@ -33,7 +33,9 @@ pub fn attempts(store: &mut dyn Store, run_id: &str, unit_id: &str) -> Result<Ve
     })
 }
 
-fn unit_from_row(r: &dyn Row) -> DbResult<Unit> {
+/// A unit from `run_id, unit_id, step_id, phase, status, attempts, result, tokens,
+/// failure_reason, claim_holder, retry_at`.
+pub(crate) fn unit_from_row(r: &dyn Row) -> DbResult<Unit> {
     Ok(Unit {
         run_id: r.get(0)?,
         unit_id: r.get(1)?,
@@ -45,6 +47,7 @@ fn unit_from_row(r: &dyn Row) -> DbResult<Unit> {
         tokens: r.get(7)?,
         failure_reason: r.get(8)?,
         claim_holder: r.get(9)?,
+        retry_at: r.get(10)?,
     })
 }
 

@@ -32,6 +32,8 @@ pub struct UnitSpec {
     /// The W3C `traceparent` of the span that reserved the attempt (a reclaim records the
     /// reclaimer's), so the work done for it can link back to that span.
     pub trace_context: Option<String>,
+    /// Reserve a failed unit before its retry time (never an exhausted one).
+    pub force: bool,
 }
 
 impl UnitSpec {

@@ -20,6 +20,8 @@ pyo3::import_exception!(fencepost.errors, RunNotActive);
 pyo3::import_exception!(fencepost.errors, PreparationConflict);
 pyo3::import_exception!(fencepost.errors, ContinuationRefused);
 pyo3::import_exception!(fencepost.errors, LeaseLost);
+pyo3::import_exception!(fencepost.errors, RetryNotDue);
+pyo3::import_exception!(fencepost.errors, UnitExhausted);
 pyo3::import_exception!(fencepost.errors, StoreBusy);
 pyo3::import_exception!(fencepost.errors, SchemaError);
 pyo3::import_exception!(fencepost.errors, StoreError);
@@ -122,6 +124,26 @@ fn build(py: Python<'_>, err: LedgerError) -> PyResult<PyErr> {
             kw.set_item("actual_generation", actual_generation)?;
             kw.set_item("reason", reason.as_str())?;
             py.get_type::<LeaseLost>()
+        }
+        LedgerError::RetryNotDue {
+            run_id,
+            unit_id,
+            retry_at,
+        } => {
+            kw.set_item("run_id", run_id)?;
+            kw.set_item("unit_id", unit_id)?;
+            kw.set_item("retry_at", crate::py::records::time(py, retry_at)?)?;
+            py.get_type::<RetryNotDue>()
+        }
+        LedgerError::UnitExhausted {
+            run_id,
+            unit_id,
+            attempts,
+        } => {
+            kw.set_item("run_id", run_id)?;
+            kw.set_item("unit_id", unit_id)?;
+            kw.set_item("attempts", attempts)?;
+            py.get_type::<UnitExhausted>()
         }
         LedgerError::StoreBusy { waited_ms, retries } => {
             kw.set_item("waited_ms", waited_ms)?;

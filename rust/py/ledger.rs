@@ -410,17 +410,21 @@ impl PyLedger {
         )
     }
 
-    #[pyo3(signature = (run_id, units, claim, *, future=None))]
+    #[pyo3(signature = (run_id, units, claim, *, force=false, future=None))]
     fn reserve_attempts<'py>(
         &self,
         py: Python<'py>,
         run_id: &Bound<'py, PyAny>,
         units: &Bound<'py, PyAny>,
         claim: &Bound<'py, PyAny>,
+        force: bool,
         future: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let run_id = text(run_id, "run_id")?;
-        let units = args::units_arg(units)?;
+        let mut units = args::units_arg(units)?;
+        for u in &mut units {
+            u.force |= force;
+        }
         let fence = fence_arg(claim)?;
         self.call(
             py,

@@ -184,6 +184,11 @@ fn datetime<'py>(py: Python<'py>, c: &Classes, ms: i64) -> PyResult<Bound<'py, P
     ))
 }
 
+/// An aware UTC `datetime` of epoch milliseconds, for a field outside the records (an error's).
+pub fn time(py: Python<'_>, ms: i64) -> PyResult<Bound<'_, PyAny>> {
+    datetime(py, classes(py)?, ms)
+}
+
 fn opt_datetime<'py>(py: Python<'py>, c: &Classes, ms: Option<i64>) -> PyResult<Bound<'py, PyAny>> {
     match ms {
         Some(ms) => datetime(py, c, ms),
@@ -293,6 +298,7 @@ pub fn unit(py: Python<'_>, u: Unit) -> PyResult<Bound<'_, PyAny>> {
         "tokens" => u.tokens,
         "failure_reason" => u.failure_reason,
         "claim_holder" => u.claim_holder,
+        "retry_at" => opt_datetime(py, c, u.retry_at)?,
     )
 }
 

@@ -16,10 +16,11 @@ use crate::ids::{check_name, check_run_id, new_run_id};
 use crate::model::Run;
 use crate::runs::read::must_read_run;
 use crate::status::{RunStatus, StepStatus};
+use crate::retry::RetryPolicy;
 use crate::store::{sql, DbError, Store, Tx};
 
 /// One step of a new run's plan.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StepSpec {
     /// Unique within the run.
     pub id: String,
@@ -29,6 +30,8 @@ pub struct StepSpec {
     pub instructions: String,
     /// Canonical JSON completion rule, if any.
     pub completion: Option<String>,
+    /// The retry policy of the step's units, over the run's.
+    pub retry: Option<RetryPolicy>,
 }
 
 /// `start_run`'s arguments.
@@ -59,6 +62,8 @@ pub struct NewRun {
     pub agent_harness: Option<String>,
     /// Agent session.
     pub agent_session_id: Option<String>,
+    /// The retry policy of the run's units (a step's own overrides it).
+    pub retry: Option<RetryPolicy>,
 }
 
 /// `publish_child_run`'s arguments.
@@ -80,9 +85,15 @@ pub struct ChildRun {
     pub plan: Option<Json>,
     /// Candidate id (ignored when the child exists already).
     pub run_id: Option<String>,
+    /// The retry policy of the child's units (a step's own overrides it).
+    pub retry: Option<RetryPolicy>,
 }
 
-fn check_steps(steps: &[StepSpec]) -> Result<()> {
+/// The steps (and their retry policies) and the run's retry policy.
+fn check_steps(steps: &[StepSpec], retry: Option<&RetryPolicy>) -> Result<()> {
+    if let Some(p) = retry {
+        p.check("retry", "")?;
+    }
     if steps.is_empty() {
         return Err(LedgerError::invalid("steps", "must list at least one step"));
     }
@@ -94,6 +105,11 @@ fn check_steps(steps: &[StepSpec]) -> Result<()> {
                 "steps",
                 format!("step id {:?} appears twice; step ids must be unique", s.id),
             ));
+        }
+    }
+    for (i, s) in steps.iter().enumerate() {
+        if let Some(p) = &s.retry {
+            p.check("steps", &format!("item {i}: "))?;
         }
     }
     Ok(())
@@ -111,6 +127,7 @@ struct Spine<'a> {
     steps: &'a [StepSpec],
     parent: Option<(&'a str, &'a str, &'a str)>,
     agent: (Option<&'a str>, Option<&'a str>),
+    retry: Option<&'a RetryPolicy>,
 }
 
 /// Insert run + blobs + steps + `run.started`. When the scope guard index fires (a racing start
@@ -142,7 +159,8 @@ fn insert_spine(tx: &dyn Tx, s: &Spine<'_>, now_ms: i64) -> Result<()> {
             key,
             s.agent.0,
             s.agent.1,
-            now_ms
+            now_ms,
+            s.retry.map(RetryPolicy::to_text)
         ],
     );
     inserted.map_err(|e| guard_error(tx, &e, s.scope_key, s.workflow_ref))?;
@@ -160,7 +178,8 @@ fn insert_spine(tx: &dyn Tx, s: &Spine<'_>, now_ms: i64) -> Result<()> {
                     StepStatus::Active
                 } else {
                     StepStatus::Pending
-                }
+                },
+                step.retry.as_ref().map(RetryPolicy::to_text)
             ],
         )?;
     }
@@ -238,7 +257,7 @@ fn empty_params() -> Json {
 /// Start a top-level run.
 pub fn start_run(store: &mut dyn Store, req: &NewRun, now_ms: i64) -> Result<Run> {
     check_name("workflow_ref", &req.workflow_ref)?;
-    check_steps(&req.steps)?;
+    check_steps(&req.steps, req.retry.as_ref())?;
     let run_id = choose_run_id(req.run_id.as_ref())?;
     let guard_refs = req
         .guard_refs
@@ -290,6 +309,7 @@ pub fn start_run(store: &mut dyn Store, req: &NewRun, now_ms: i64) -> Result<Run
                     req.agent_harness.as_deref(),
                     req.agent_session_id.as_deref(),
                 ),
+                retry: req.retry.as_ref(),
             },
             now_ms,
         )?;
@@ -302,7 +322,7 @@ pub fn publish_child_run(store: &mut dyn Store, req: &ChildRun, now_ms: i64) -> 
     check_name("parent_unit_id", &req.parent_unit_id)?;
     check_name("invocation_key", &req.invocation_key)?;
     check_name("workflow_ref", &req.workflow_ref)?;
-    check_steps(&req.steps)?;
+    check_steps(&req.steps, req.retry.as_ref())?;
     let run_id = choose_run_id(req.run_id.as_ref())?;
     let params = req.params.clone().unwrap_or_else(empty_params);
     store.write("publishing a child run", |tx| {
@@ -361,6 +381,7 @@ pub fn publish_child_run(store: &mut dyn Store, req: &ChildRun, now_ms: i64) -> 
                 steps: &req.steps,
                 parent: Some((&req.parent_run_id, &req.parent_unit_id, &req.invocation_key)),
                 agent: (None, None),
+                retry: req.retry.as_ref(),
             },
             now_ms,
         )?;

@@ -58,10 +58,11 @@ migrations! {
     6 "fencing" "0006_fencing.sql";
     7 "seq_floor" "0007_seq_floor.sql";
     8 "schedule" "0008_schedule.sql";
+    9 "retry" "0009_retry.sql";
 }
 
 /// The newest schema version this library knows.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// A backend's part of migrating: what cannot be said in one text for both dialects.
 #[derive(Debug)]

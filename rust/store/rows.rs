@@ -37,6 +37,8 @@ pub struct AttemptRef<'a> {
     pub attempt: i64,
     /// Its dispatch id.
     pub dispatch_id: &'a str,
+    /// The finish fails it: read the retry policy it applies too.
+    pub failing: bool,
 }
 
 /// What to read before judging: each run's state and lease, each unit's latest attempt, and
@@ -67,10 +69,12 @@ pub enum Part {
     /// run that does not exist has no row.
     Run,
     /// `run_id, unit_id, attempt, dispatch_id, status, step_id, input_hash, reclaims,
-    /// lease_generation` of the unit's latest attempt. A unit never reserved has no row.
+    /// lease_generation` of the unit's latest attempt, then the unit's `status, retry_at`. A
+    /// unit never reserved has no row.
     Latest,
-    /// `run_id, unit_id, attempt, dispatch_id, step_id, phase` of a named attempt that is
-    /// still running. Any other has no row.
+    /// `run_id, unit_id, attempt, dispatch_id, step_id, phase, retry_policy` of a named
+    /// attempt that is still running (the policy NULL unless the finish fails it). Any other
+    /// has no row.
     Running,
 }
 
@@ -142,6 +146,12 @@ pub struct FinishRow<'a> {
     /// The event's payload, canonical JSON.
     pub payload: String,
     pub stamp: Stamp,
+    /// The unit's status: the attempt's, or `exhausted`.
+    pub unit_status: &'a str,
+    /// When the failed unit may be tried again, under its retry policy.
+    pub retry_at: Option<i64>,
+    /// The `unit.exhausted` event's payload, when the finish exhausts the unit.
+    pub exhausted: Option<String>,
 }
 
 /// A renewed lease: one row per run, the last heartbeat's.
@@ -242,7 +252,11 @@ pub fn read_each<T: Tx + ?Sized>(
     }
     for a in &keys.attempts {
         queries.push((
-            &sql::SNAPSHOT_RUNNING_SQL,
+            if a.failing {
+                &sql::SNAPSHOT_RUNNING_POLICY_SQL
+            } else {
+                &sql::SNAPSHOT_RUNNING_SQL
+            },
             vec![
                 &a.run_id as &dyn ToSql,
                 &a.unit_id,
@@ -408,15 +422,19 @@ pub fn write_finishes<T: Tx + ?Sized>(
                 f.run_id,
                 f.unit_id,
                 f.attempt,
-                f.status,
+                f.unit_status,
                 f.result,
                 f.tokens,
                 f.failure_reason,
                 f.session_id,
-                f.stamp.ts
+                f.stamp.ts,
+                f.retry_at
             ],
         )?;
         event(tx, f.run_id, "unit.finished", &f.payload, &f.stamp)?;
+        if let Some(payload) = &f.exhausted {
+            event(tx, f.run_id, "unit.exhausted", payload, &f.stamp)?;
+        }
     }
     Ok(())
 }

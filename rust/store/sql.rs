@@ -163,12 +163,12 @@ pub const START_RUN_INSERT_SQL: Sql = Sql::same(
     "INSERT INTO runs(run_id, workflow_ref, workflow_name,
     scope_key, guarded, status, params, plan, plan_version, current_step_id, parent_run_id,
     parent_unit_id, invocation_key, agent_harness, agent_session_id, created_at,
-    updated_at) VALUES (?1, ?2, ?3, ?4, ?5, 'active', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
-    ?15, ?15)",
+    updated_at, retry_policy) VALUES (?1, ?2, ?3, ?4, ?5, 'active', ?6, ?7, ?8, ?9, ?10, ?11,
+    ?12, ?13, ?14, ?15, ?15, ?16)",
 );
 pub const START_RUN_STEP_SQL: Sql = Sql::same(
     "INSERT INTO steps(run_id, step_id, title, instructions,
-    completion, sequence_index, status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    completion, sequence_index, status, retry_policy) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
 );
 
 pub const PUBLISH_CHILD_RUN_FIND_SQL: Sql = Sql::same(
@@ -323,19 +323,36 @@ pub const SNAPSHOT_RUN_SQL: Sql = Sql::same(
     FROM runs r LEFT JOIN leases l ON l.resource_id = r.run_id
     WHERE r.run_id = ?1",
 );
-/// A unit's latest attempt (`store::rows::Part::Latest`): the newest entry of the primary key's
-/// range for the unit.
+/// A unit's latest attempt and where its unit stands under its retry policy
+/// (`store::rows::Part::Latest`): the unit's row names its latest attempt (`attempts`), so two
+/// primary-key probes.
 pub const SNAPSHOT_LATEST_SQL: Sql = Sql::same(
-    "SELECT run_id, unit_id, attempt, dispatch_id, status, step_id, input_hash, reclaims,
-        lease_generation
-    FROM attempts WHERE run_id = ?1 AND unit_id = ?2 ORDER BY attempt DESC LIMIT 1",
+    "SELECT a.run_id, a.unit_id, a.attempt, a.dispatch_id, a.status, a.step_id, a.input_hash,
+        a.reclaims, a.lease_generation, u.status, u.retry_at
+    FROM units u JOIN attempts a
+      ON a.run_id = u.run_id AND a.unit_id = u.unit_id AND a.attempt = u.attempts
+    WHERE u.run_id = ?1 AND u.unit_id = ?2",
 );
-/// A named attempt, if it still runs (`store::rows::Part::Running`): a primary-key probe.
+/// A named attempt, if it still runs (`store::rows::Part::Running`): a primary-key probe. No
+/// retry policy: the finish completes or cancels the attempt.
 pub const SNAPSHOT_RUNNING_SQL: Sql = Sql::same(
-    "SELECT run_id, unit_id, attempt, dispatch_id, step_id, phase
+    "SELECT run_id, unit_id, attempt, dispatch_id, step_id, phase, NULL
     FROM attempts
     WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3 AND dispatch_id = ?4
       AND status = 'running'",
+);
+/// [`SNAPSHOT_RUNNING_SQL`] for a finish that fails the attempt, with the retry policy it
+/// applies: its step's, else its run's (one primary-key probe each, the run's only when the
+/// step has none: `coalesce` stops at its first value).
+pub const SNAPSHOT_RUNNING_POLICY_SQL: Sql = Sql::same(
+    "SELECT a.run_id, a.unit_id, a.attempt, a.dispatch_id, a.step_id, a.phase,
+        coalesce(
+            (SELECT s.retry_policy FROM steps s
+             WHERE s.run_id = a.run_id AND s.step_id = a.step_id),
+            (SELECT r.retry_policy FROM runs r WHERE r.run_id = a.run_id))
+    FROM attempts a
+    WHERE a.run_id = ?1 AND a.unit_id = ?2 AND a.attempt = ?3 AND a.dispatch_id = ?4
+      AND a.status = 'running'",
 );
 /// A reclaim keeps the attempt number and dispatch id; it only records who holds it now, and
 /// counts ?7 more reclaims (a judgment folds the reclaims of one attempt into one row). A
@@ -372,7 +389,7 @@ macro_rules! units_reserve_upsert {
       worktree_path = excluded.worktree_path, status = 'running',
       claim_holder = excluded.claim_holder, attempts = excluded.attempts,
       started_at = excluded.started_at, result = NULL, tokens = NULL, failure_reason = NULL,
-      session_id = NULL, finished_at = NULL"
+      session_id = NULL, finished_at = NULL, retry_at = NULL"
     };
 }
 #[cfg(feature = "postgres")]
@@ -405,10 +422,11 @@ pub const FINISH_ATTEMPT_SQL: Sql = Sql::same(
     WHERE run_id = ?1 AND unit_id = ?2 AND attempt = ?3 AND dispatch_id = ?4
       AND status = 'running'",
 );
-/// Guarded on the attempt number: the projection must still show this attempt.
+/// Guarded on the attempt number: the projection must still show this attempt. ?4 is the
+/// unit's status: the attempt's, or `exhausted`; ?10 when a failed unit may be tried again.
 pub const FINISH_ATTEMPT_UNIT_SQL: Sql = Sql::same(
     "UPDATE units SET status = ?4, result = ?5, tokens = ?6,
-    failure_reason = ?7, session_id = ?8, finished_at = ?9
+    failure_reason = ?7, session_id = ?8, finished_at = ?9, retry_at = ?10
     WHERE run_id = ?1 AND unit_id = ?2 AND attempts = ?3 AND status = 'running'",
 );
 
@@ -427,12 +445,12 @@ pub const LIST_ATTEMPTS_SQL: Sql = Sql::same(
 /// index keys it (see the migration: so the index serves only this read).
 pub const LIST_UNITS_SQL: Sql = Sql::split(
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
-    result, tokens, failure_reason, claim_holder FROM units
+    result, tokens, failure_reason, claim_holder, retry_at FROM units
     WHERE run_id = ?1 AND (first_started_at, unit_id) > (?2, ?3)
       AND (?4 IS NULL OR step_id = ?4) AND (?5 IS NULL OR status = ?5)
     ORDER BY first_started_at, unit_id LIMIT ?6",
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
-    result, tokens, failure_reason, claim_holder FROM units
+    result, tokens, failure_reason, claim_holder, retry_at FROM units
     WHERE run_id COLLATE \"C\" = CAST(?1 AS TEXT)
       AND (first_started_at, unit_id COLLATE \"C\")
           > (CAST(?2 AS BIGINT), CAST(?3 AS TEXT) COLLATE \"C\")
@@ -449,7 +467,7 @@ pub const UNIT_COUNTS_SQL: Sql =
     Sql::same("SELECT status, count(*) FROM units WHERE run_id = ?1 GROUP BY status");
 pub const GET_UNIT_SQL: Sql = Sql::same(
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
-    result, tokens, failure_reason, claim_holder FROM units WHERE run_id = ?1 AND unit_id = ?2",
+    result, tokens, failure_reason, claim_holder, retry_at FROM units WHERE run_id = ?1 AND unit_id = ?2",
 );
 /// Unfinished attempts count as attempts (each was dispatched); NULL tokens count as 0.
 /// PostgreSQL sums BIGINTs into NUMERIC: cast back, the totals fit.
@@ -942,15 +960,16 @@ pub const DEFINITION_INSERT_SQL: Sql = Sql::same(
     "INSERT INTO definitions(definition_digest,
     workflow_name, created_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
 );
-/// ?12 `not_before`, ?13 `priority`, ?14 `concurrency_key`, ?15 `due_at`. The run's lane is
+/// ?12 `not_before`, ?13 `priority`, ?14 `concurrency_key`, ?15 `due_at`, ?16 the retry policy
+/// of its units. The run's lane is
 /// `later` until it is due (`due_at` after now, ?11), then the lane `due_lane!` gives.
 pub const RESERVE_RUN_INSERT_SQL: Sql = Sql::same(concat!(
     "INSERT INTO runs(run_id, workflow_ref, workflow_name,
     definition_digest, guarded, status, input, launch_options, source, parent_run_id,
     origin_session_id, runner_id, created_at, updated_at,
-    not_before, priority, concurrency_key, due_at, queue_lane)
+    not_before, priority, concurrency_key, due_at, retry_policy, queue_lane)
     VALUES (?1, ?2, ?3, ?4, 0, 'queued', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, ?12, ?13, ?14, ?15,
-        CASE WHEN CAST(?15 AS BIGINT) > CAST(?11 AS BIGINT) THEN 'later' ELSE ",
+        ?16, CASE WHEN CAST(?15 AS BIGINT) > CAST(?11 AS BIGINT) THEN 'later' ELSE ",
     due_lane!("?3", "?14"),
     " END)"
 ));
@@ -988,7 +1007,7 @@ pub const PROMOTE_DUE_SQL: Sql = Sql::split(
 /// What `prepare_or_adopt` compares, plus the status (a terminal run is not adopted).
 pub const PREPARATION_SQL: Sql = Sql::same(
     "SELECT workflow_name, workflow_ref, definition_digest,
-    origin_session_id, parent_run_id, source, input, launch_options, status
+    origin_session_id, parent_run_id, source, input, launch_options, status, retry_policy
     FROM runs WHERE run_id = ?1",
 );
 pub const CONTINUATION_PARENT_SQL: Sql =

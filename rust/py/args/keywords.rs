@@ -16,6 +16,7 @@ use crate::attempts::{FinishSpec, UnitSpec};
 use crate::canonical::Doc;
 use crate::canonical::Json;
 use crate::queue::{NewQueuedRun, NotBefore};
+use crate::retry::RetryPolicy;
 use crate::runs::{ChildRun, NewRun, RunCursor, RunFilter, StepResult, StepSpec};
 
 // ------------------------------------------------------------------ runs and steps
@@ -33,6 +34,7 @@ static START_RUN_KEYS: Keys = Keys::new(&[
     "force",
     "agent_harness",
     "agent_session_id",
+    "retry",
 ]);
 
 /// The keywords of `publish_child_run`.
@@ -45,6 +47,7 @@ static CHILD_RUN_KEYS: Keys = Keys::new(&[
     "params",
     "plan",
     "run_id",
+    "retry",
 ]);
 
 /// The keywords of `list_runs`: the filters, the page size and the cursor (the last run of the
@@ -138,6 +141,7 @@ impl StartRunArgs {
             force: flag(f.get("force"), "force")?,
             agent_harness: opt_text(f.get("agent_harness"), "agent_harness")?,
             agent_session_id: opt_text(f.get("agent_session_id"), "agent_session_id")?,
+            retry: retry_arg(f.get("retry"), "retry", "")?,
         };
         Ok(Self { run, body })
     }
@@ -174,6 +178,7 @@ impl ChildRunArgs {
             params: None,
             plan: None,
             run_id: opt_text(f.get("run_id"), "run_id")?,
+            retry: retry_arg(f.get("retry"), "retry", "")?,
         };
         Ok(Self { run, body })
     }
@@ -191,9 +196,92 @@ impl ChildRunArgs {
 }
 
 /// The keys of a `steps` item.
-static STEP_KEYS: Keys = Keys::new(&["id", "title", "instructions", "completion"]);
+static STEP_KEYS: Keys = Keys::new(&["id", "title", "instructions", "completion", "retry"]);
 
-/// `steps`: dicts with `id` (required), `title`, `instructions`, `completion`.
+/// The keys of a retry policy.
+static RETRY_KEYS: Keys = Keys::new(&["max_attempts", "initial_ms", "factor", "max_ms", "jitter"]);
+
+/// A retry policy (`retry=`, or a step's `"retry"`): a dict of [`RETRY_KEYS`], `max_attempts`
+/// and `initial_ms` required. Refused with `InvalidArgument` on `argument`, the message naming
+/// the field (after `at`, which says which step); the ranges are the core's check.
+fn retry_arg(obj: &Bound<'_, PyAny>, argument: &str, at: &str) -> PyResult<Option<RetryPolicy>> {
+    if obj.is_none() {
+        return Ok(None);
+    }
+    let py = obj.py();
+    let Ok(d) = obj.cast::<PyDict>() else {
+        return Err(invalid(
+            py,
+            argument,
+            format!(
+                "{at}retry must be a dict such as {{\"max_attempts\": 5, \"initial_ms\": 1000}}, \
+                 not {}",
+                super::type_name(obj)
+            ),
+        ));
+    };
+    let f = Fields::collect(d, &RETRY_KEYS, |shown| {
+        invalid(
+            py,
+            argument,
+            format!(
+                "{at}retry has unknown key {shown}; allowed: {}",
+                RETRY_KEYS.names.join(", ")
+            ),
+        )
+    })?;
+    let field = |name: &str| format!("{at}retry.{name}");
+    let required = |name: &str| -> PyResult<i64> {
+        let v = f.get(name);
+        if v.is_none() {
+            return Err(invalid(py, argument, format!("{} is required", field(name))));
+        }
+        int(v, &field(name)).map_err(|_| {
+            invalid(
+                py,
+                argument,
+                format!("{} must be an int, not {}", field(name), super::type_name(v)),
+            )
+        })
+    };
+    let optional_int = |name: &str, default: i64| -> PyResult<i64> {
+        if f.get(name).is_none() {
+            Ok(default)
+        } else {
+            required(name)
+        }
+    };
+    let number = |name: &str, default: f64| -> PyResult<f64> {
+        let v = f.get(name);
+        if v.is_none() {
+            return Ok(default);
+        }
+        let wrong = || {
+            invalid(
+                py,
+                argument,
+                format!("{} must be a number, not {}", field(name), super::type_name(v)),
+            )
+        };
+        if v.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(wrong());
+        }
+        v.extract::<f64>().map_err(|_| wrong())
+    };
+    let policy = RetryPolicy {
+        max_attempts: required("max_attempts")?,
+        initial_ms: required("initial_ms")?,
+        factor: number("factor", crate::retry::DEFAULT_FACTOR)?,
+        max_ms: optional_int("max_ms", crate::retry::DEFAULT_MAX_MS)?,
+        jitter: number("jitter", 0.0)?,
+    };
+    policy
+        .check(argument, at)
+        .map_err(|e| crate::py::errors::to_pyerr(py, e))?;
+    Ok(Some(policy))
+}
+
+/// `steps`: dicts with `id` (required), `title`, `instructions`, `completion`, `retry`.
 fn steps_arg(obj: &Bound<'_, PyAny>) -> PyResult<(Vec<StepSpec>, Vec<Option<Doc>>)> {
     let mut specs = Vec::new();
     let mut completions = Vec::new();
@@ -212,6 +300,7 @@ fn steps_arg(obj: &Bound<'_, PyAny>) -> PyResult<(Vec<StepSpec>, Vec<Option<Doc>
             title: opt_prose(f.get("title"), "steps")?.unwrap_or_default(),
             instructions: opt_prose(f.get("instructions"), "steps")?.unwrap_or_default(),
             completion: None,
+            retry: retry_arg(f.get("retry"), "steps", &format!("item {i}: "))?,
         });
         completions.push(opt_doc(f.get("completion"), "steps")?);
     }
@@ -267,6 +356,7 @@ static UNIT_KEYS: Keys = Keys::new(&[
     "parent_unit_id",
     "holder",
     "trace_context",
+    "force",
 ]);
 
 /// How a unit's `unit_id`, `step_id` and `phase` are read when `None` or left out.
@@ -303,6 +393,10 @@ fn unit_spec(f: &Fields<'_>, omitted: Omitted) -> PyResult<UnitSpec> {
         parent_unit_id: opt("parent_unit_id")?,
         holder: opt("holder")?,
         trace_context: opt("trace_context")?,
+        force: match f.get("force") {
+            v if v.is_none() => false,
+            v => flag(v, "force")?,
+        },
     })
 }
 
@@ -399,6 +493,7 @@ static QUEUED_RUN_KEYS: Keys = Keys::new(&[
     "not_before_after_ms",
     "priority",
     "concurrency_key",
+    "retry",
 ]);
 
 /// The keywords of [`QUEUED_RUN_KEYS`], read once while attached.
@@ -418,6 +513,7 @@ pub struct QueuedRunArgs {
     not_before: NotBefore,
     priority: i64,
     concurrency_key: Option<String>,
+    retry: Option<RetryPolicy>,
 }
 
 impl QueuedRunArgs {
@@ -448,6 +544,7 @@ impl QueuedRunArgs {
             },
             priority: int(f.get("priority"), "priority")?,
             concurrency_key: opt_text(f.get("concurrency_key"), "concurrency_key")?,
+            retry: retry_arg(f.get("retry"), "retry", "")?,
         })
     }
 
@@ -472,6 +569,7 @@ impl QueuedRunArgs {
             not_before: self.not_before,
             priority: self.priority,
             concurrency_key: self.concurrency_key,
+            retry: self.retry,
         }
     }
 }

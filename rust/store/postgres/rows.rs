@@ -81,6 +81,7 @@ pub(super) fn read(
                 object(vec![
                     ("attempt", Value::Int(a.attempt)),
                     ("dispatch_id", text(a.dispatch_id)),
+                    ("failing", Value::Bool(a.failing)),
                     ("run_id", text(a.run_id)),
                     ("unit_id", text(a.unit_id)),
                 ])
@@ -137,15 +138,18 @@ fn finish(i: usize, f: &FinishRow<'_>) -> Value {
     let mut row = vec![
         ("attempt", Value::Int(f.attempt)),
         ("dispatch_id", text(f.dispatch_id)),
+        ("exhausted", opt(f.exhausted.as_deref())),
         ("failure_reason", opt(f.failure_reason)),
         ("ord", ord(i)),
         ("payload", text(&f.payload)),
         ("result", opt(f.result)),
+        ("retry_at", int(f.retry_at)),
         ("run_id", text(f.run_id)),
         ("session_id", opt(f.session_id)),
         ("status", text(f.status)),
         ("tokens", int(f.tokens)),
         ("unit_id", text(f.unit_id)),
+        ("unit_status", text(f.unit_status)),
     ];
     row.extend(stamp(&f.stamp));
     object(row)

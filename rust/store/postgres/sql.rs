@@ -87,15 +87,23 @@ pub const LOCK_RUN_AS_READ: Sql = Sql::native(LOCK_RUN_AS_READ_SQL);
 /// Which of a judgment's finishes name a still-running attempt, with the attempt's step and
 /// phase for the event (`store::rows::Part::Running`; read with or without the runs' locks, see
 /// `Tx::lock_run_at_write`).
+/// A finish that fails its attempt (`failing`) also reads the retry policy it applies: its
+/// step's, else its run's; the others skip that part (a one-time filter on `x.failing`).
 pub const RUNNING_ATTEMPTS_SQL: &str =
-    "SELECT a.run_id, a.unit_id, a.attempt, a.dispatch_id, a.step_id, a.phase
+    "SELECT a.run_id, a.unit_id, a.attempt, a.dispatch_id, a.step_id, a.phase, p.policy
     FROM json_to_recordset(CAST(?1 AS TEXT)::json)
-        AS x(run_id TEXT, unit_id TEXT, attempt BIGINT, dispatch_id TEXT)
+        AS x(run_id TEXT, unit_id TEXT, attempt BIGINT, dispatch_id TEXT, failing BOOLEAN)
     CROSS JOIN LATERAL (
         SELECT run_id, unit_id, attempt, dispatch_id, step_id, phase FROM attempts
         WHERE dispatch_id = x.dispatch_id AND run_id = x.run_id AND unit_id = x.unit_id
           AND attempt = x.attempt AND status = 'running'
-        OFFSET 0) a";
+        OFFSET 0) a
+    LEFT JOIN LATERAL (
+        SELECT coalesce(
+            (SELECT s.retry_policy FROM steps s
+             WHERE s.run_id = a.run_id AND s.step_id = a.step_id),
+            (SELECT r.retry_policy FROM runs r WHERE r.run_id = a.run_id)) AS policy
+        WHERE x.failing) p ON TRUE";
 
 // ------------------------------------------------------------------ groups
 
@@ -164,33 +172,40 @@ pub const LOCK_RUN_AS_READ_SQL: &str = "WITH r AS (
         THEN '0' ELSE 'fencepost: a run changed between the judgment''s read and its write; \
          judged again under its lock' END AS INTEGER)";
 
-/// The latest attempt of each (run, unit) a judgment's reservations name, over many runs
-/// (`store::rows::Part::Latest`).
+/// The latest attempt of each (run, unit) a judgment's reservations name, over many runs, with
+/// its unit's status and retry time (`store::rows::Part::Latest`): the unit's row, then the
+/// attempt it names, by primary key each.
 pub const LATEST_ATTEMPTS_GROUP_SQL: &str =
     "SELECT x.run_id, x.unit_id, l.attempt, l.dispatch_id, l.status, l.step_id, l.input_hash,
-        l.reclaims, l.lease_generation
+        l.reclaims, l.lease_generation, l.unit_status, l.retry_at
     FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS x(run_id TEXT, unit_id TEXT)
     CROSS JOIN LATERAL (
-        SELECT attempt, dispatch_id, status, step_id, input_hash, reclaims, lease_generation
-        FROM attempts
-        WHERE run_id = x.run_id AND unit_id = x.unit_id ORDER BY attempt DESC LIMIT 1) l";
+        SELECT a.attempt, a.dispatch_id, a.status, a.step_id, a.input_hash, a.reclaims,
+            a.lease_generation, u.status AS unit_status, u.retry_at
+        FROM units u JOIN attempts a
+          ON a.run_id = u.run_id AND a.unit_id = u.unit_id AND a.attempt = u.attempts
+        WHERE u.run_id = x.run_id AND u.unit_id = x.unit_id OFFSET 0) l";
 
-/// The `e` part of a set statement over rows `x`: one event of type `$type` per row, revisions
-/// continuing per run from its newest in `ord` order (what the rows' calls would take one by
-/// one in that order), inserted in `ord` order so `seq` rises with them. The runs' locks are
-/// held, so no other writer takes a revision meanwhile.
+/// The `e` part of a set statement: one event per row of `$rows` (the statement's rows `x`, or
+/// a relation of events made from them with the `x` columns the events take, and `type`), of
+/// type `$type` (an SQL expression over the row, as `x`), revisions continuing per run from its
+/// newest in `ord` order (what the rows' calls would take one by one in that order), inserted
+/// in `ord` order so `seq` rises with them. The runs' locks are held, so no other writer takes
+/// a revision meanwhile.
 macro_rules! group_events {
-    ($type:literal) => {
+    ($rows:literal, $type:literal) => {
         concat!(
             "), e AS (
         INSERT INTO events(resource_id, revision, type, actor_type, actor_id, generation,
             payload, ts)
         SELECT x.run_id,
             coalesce(b.r, 0) + row_number() OVER (PARTITION BY x.run_id ORDER BY x.ord),
-            '",
+            ",
             $type,
-            "', x.actor_type, x.actor_id, x.generation, x.payload, x.ts
-        FROM x LEFT JOIN (
+            ", x.actor_type, x.actor_id, x.generation, x.payload, x.ts
+        FROM ",
+            $rows,
+            " x LEFT JOIN (
             SELECT d.run_id,
                 (SELECT max(revision) FROM events WHERE resource_id = d.run_id) AS r
             FROM (SELECT DISTINCT run_id FROM x) d
@@ -255,7 +270,7 @@ pub const RESERVE_GROUP_SQL: &str = concat!(
             'running', holder, generation, ts, trace_context FROM x
         RETURNING 1
     ",
-    group_events!("unit.started"),
+    group_events!("x", "'unit.started'"),
     counts_or_fail!(
         "(SELECT count(*) FROM u) = CAST(?2 AS BIGINT)
         AND (SELECT count(*) FROM a) = CAST(?2 AS BIGINT)
@@ -277,7 +292,8 @@ pub const FINISH_GROUP_SQL: &str = concat!(
         SELECT * FROM json_to_recordset(CAST(?1 AS TEXT)::json) AS t(
             run_id TEXT, unit_id TEXT, attempt BIGINT, dispatch_id TEXT, status TEXT,
             result TEXT, tokens BIGINT, failure_reason TEXT, session_id TEXT, payload TEXT,
-            actor_type TEXT, actor_id TEXT, generation BIGINT, ts BIGINT, ord BIGINT)
+            actor_type TEXT, actor_id TEXT, generation BIGINT, ts BIGINT, ord BIGINT,
+            unit_status TEXT, retry_at BIGINT, exhausted TEXT)
     ), fa AS (
         SELECT x.*, a.tid FROM x CROSS JOIN LATERAL (
             SELECT ctid AS tid FROM attempts
@@ -296,16 +312,25 @@ pub const FINISH_GROUP_SQL: &str = concat!(
               AND status = 'running'
             OFFSET 0) n
     ), u AS (
-        UPDATE units n SET status = fu.status, result = fu.result, tokens = fu.tokens,
-            failure_reason = fu.failure_reason, session_id = fu.session_id, finished_at = fu.ts
+        UPDATE units n SET status = fu.unit_status, result = fu.result, tokens = fu.tokens,
+            failure_reason = fu.failure_reason, session_id = fu.session_id, finished_at = fu.ts,
+            retry_at = fu.retry_at
         FROM fu WHERE n.ctid = fu.tid
         RETURNING 1
+    ), ev AS (
+        SELECT run_id, 'unit.finished' AS type, actor_type, actor_id, generation, payload, ts,
+            ord * 2 AS ord
+        FROM x
+        UNION ALL
+        SELECT run_id, 'unit.exhausted', actor_type, actor_id, generation, exhausted, ts,
+            ord * 2 + 1
+        FROM x WHERE exhausted IS NOT NULL
     ",
-    group_events!("unit.finished"),
+    group_events!("ev", "x.type"),
     counts_or_fail!(
         "(SELECT count(*) FROM f) = CAST(?2 AS BIGINT)
         AND (SELECT count(*) FROM u) = CAST(?2 AS BIGINT)
-        AND (SELECT count(*) FROM e) = CAST(?2 AS BIGINT)"
+        AND (SELECT count(*) FROM e) = (SELECT count(*) FROM ev)"
     )
 );
 
@@ -411,7 +436,7 @@ pub const CLAIM_GROUP_SQL: &str = concat!(
         FROM sr WHERE r.ctid = sr.tid
         RETURNING 1
     ",
-    group_events!("lease.claimed"),
+    group_events!("x", "'lease.claimed'"),
     counts_or_fail!(
         "(SELECT count(*) FROM c) = CAST(?2 AS BIGINT)
         AND (SELECT count(*) FROM s) = (SELECT count(*) FROM x WHERE x.queued)

@@ -1,0 +1,16 @@
+-- 0009_retry, PostgreSQL dialect: the same columns and indexes as the SQLite twin (see it for
+-- why each exists), ids in byte order as SQLite orders them. The status CHECK is replaced in
+-- place: PostgreSQL alters constraints, so nothing else of `units` changes.
+ALTER TABLE runs ADD COLUMN retry_policy TEXT;
+ALTER TABLE steps ADD COLUMN retry_policy TEXT;
+ALTER TABLE units ADD COLUMN retry_at BIGINT;
+ALTER TABLE units DROP CONSTRAINT units_status_check,
+    ADD CONSTRAINT units_status_check CHECK (status IN
+        ('pending', 'running', 'completed', 'failed', 'cancelled', 'timed_out', 'exhausted'));
+
+CREATE INDEX units_retry_due ON units(retry_at, run_id COLLATE "C", unit_id COLLATE "C")
+    WHERE retry_at IS NOT NULL;
+CREATE INDEX units_retry_due_run ON units(run_id COLLATE "C", retry_at, unit_id COLLATE "C")
+    WHERE retry_at IS NOT NULL;
+CREATE INDEX units_exhausted ON units(run_id COLLATE "C", unit_id COLLATE "C")
+    WHERE status = 'exhausted';

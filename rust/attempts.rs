@@ -23,8 +23,12 @@ use crate::store::{Store, Tx};
 
 pub(crate) mod judge;
 mod read;
+mod retries;
 mod spec;
 pub use read::{accounting, attempts, orphans, unit, unit_counts, units, UnitFilter};
+pub use retries::{
+    cancel_units, due_units, exhausted_units, retry_units, DueCursor, UnitCursor,
+};
 pub use spec::{FinishSpec, UnitSpec};
 
 /// Reserve (or reclaim) attempts for `units` of one run, in one transaction.

@@ -75,17 +75,29 @@ fn json(text: &str) -> Json {
 
 /// An active run with steps `a` and `b`, outside any scope guard.
 pub(crate) fn started(store: &mut dyn Store, run_id: &str) -> Run {
-    let step = |id: &str| StepSpec {
+    started_retrying(store, run_id, None, None)
+}
+
+/// [`started`] with a retry policy for the run's units and one for step `b`'s.
+pub(crate) fn started_retrying(
+    store: &mut dyn Store,
+    run_id: &str,
+    retry: Option<crate::retry::RetryPolicy>,
+    step_b: Option<crate::retry::RetryPolicy>,
+) -> Run {
+    let step = |id: &str, retry| StepSpec {
         id: id.into(),
         title: String::new(),
         instructions: String::new(),
         completion: None,
+        retry,
     };
     let req = NewRun {
         workflow_ref: "wf".into(),
-        steps: vec![step("a"), step("b")],
+        steps: vec![step("a", None), step("b", step_b)],
         run_id: Some(run_id.into()),
         force: true,
+        retry,
         ..NewRun::default()
     };
     runs::start_run(store, &req, T0).expect("start_run")
@@ -108,6 +120,7 @@ fn queued(run_id: &str) -> NewQueuedRun {
         not_before: crate::queue::NotBefore::Now,
         priority: 0,
         concurrency_key: None,
+        retry: None,
     }
 }
 

@@ -22,6 +22,7 @@
 //! judging. A run that changed in between fails the try, and the store judges again under the
 //! locks.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use crate::attempts::judge::{self, AttemptKey, LatestAttempt, ReserveVerdict, RunningAttempt};
@@ -153,8 +154,19 @@ impl<'a> Judgment<'a> {
                     snapshot.latest.insert((r.get(0)?, r.get(1)?), latest);
                 }
                 Part::Running => {
+                    // An attempt two finishes name is read twice, its policy only for the one
+                    // that fails it: keep the policy whichever row comes last.
                     let (key, attempt) = judge::running_row(r)?;
-                    snapshot.running.insert(key, attempt);
+                    match snapshot.running.entry(key) {
+                        Entry::Vacant(e) => {
+                            e.insert(attempt);
+                        }
+                        Entry::Occupied(mut e) => {
+                            if attempt.retry_policy.is_some() {
+                                e.get_mut().retry_policy = attempt.retry_policy;
+                            }
+                        }
+                    }
                 }
             }
             Ok(())

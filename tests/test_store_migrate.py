@@ -80,7 +80,7 @@ def test_a_schema_6_ledger_with_events_migrates_and_continues_its_seq(
         db.execute("DROP TABLE event_seq_floor")
         db.execute("DELETE FROM schema_migrations WHERE version >= 7")
     with fp.Ledger.open(str(path), clock=clock) as ledger:
-        assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 8
+        assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 9
         ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="new", force=True)
         assert [e.seq for e in ledger.events(after_seq=newest)] == [newest + 1]
         # The old run's tree goes, though it held the newest event; numbering goes on above.
@@ -90,7 +90,7 @@ def test_a_schema_6_ledger_with_events_migrates_and_continues_its_seq(
         assert ledger.prune(older_than=dt.timedelta(0)).runs == 2
         ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="next", force=True)
         assert [e.seq for e in ledger.events()] == [newest + 1]
-    assert applied_migrations(path)[-2:] == [(7, "seq_floor"), (8, "schedule")]
+    assert applied_migrations(path)[-3:] == [(7, "seq_floor"), (8, "schedule"), (9, "retry")]
     with raw_db(path) as db, pytest.raises(sqlite3.IntegrityError, match="only rises"):
         db.execute("UPDATE event_seq_floor SET seq = 0")
 
@@ -163,6 +163,7 @@ def test_open_creates_the_schema_and_records_the_migration() -> None:
                 (6, "fencing"),
                 (7, "seq_floor"),
                 (8, "schedule"),
+                (9, "retry"),
             ]
             tables = {
                 r[0]
@@ -199,6 +200,34 @@ DROP INDEX runs_prune, runs_definition_ref, runs_params_ref, runs_input_ref,
 # What 0005_queue added, taken away again.
 # What 0008_schedule added, taken away again: the trigger (each dialect its own way), then the
 # same statements on both backends.
+# What 0009_retry added, taken away again; on SQLite the units' status CHECK is put back as
+# 0001 wrote it (the migration edits it in place), so a migration run afterwards meets the text
+# a version-8 ledger holds.
+_UNDO_0009 = """
+DROP INDEX units_retry_due;
+DROP INDEX units_retry_due_run;
+DROP INDEX units_exhausted;
+ALTER TABLE runs DROP COLUMN retry_policy;
+ALTER TABLE steps DROP COLUMN retry_policy;
+ALTER TABLE units DROP COLUMN retry_at;
+"""
+UNDO_0009_SQLITE = (
+    _UNDO_0009
+    + """
+PRAGMA writable_schema = ON;
+UPDATE sqlite_schema SET sql = replace(sql, ',
+                        ''exhausted'')', ')')
+WHERE type = 'table' AND name = 'units';
+PRAGMA writable_schema = RESET;
+"""
+)
+UNDO_0009 = (
+    _UNDO_0009
+    + """
+ALTER TABLE units DROP CONSTRAINT units_status_check, ADD CONSTRAINT units_status_check CHECK (
+    status IN ('pending', 'running', 'completed', 'failed', 'cancelled', 'timed_out'));
+"""
+)
 _UNDO_0008 = """
 DROP INDEX runs_lane_due;
 DROP INDEX runs_lane_keyed;
@@ -216,9 +245,11 @@ ALTER TABLE runs DROP COLUMN due_at;
 ALTER TABLE runs DROP COLUMN queue_lane;
 ALTER TABLE leases DROP COLUMN run_ended;
 """
-UNDO_0008_SQLITE = "DROP TRIGGER runs_ended_lease;" + _UNDO_0008
+UNDO_0008_SQLITE = UNDO_0009_SQLITE + "DROP TRIGGER runs_ended_lease;" + _UNDO_0008
 UNDO_0008 = (
-    "DROP TRIGGER runs_ended_lease ON runs; DROP FUNCTION fencepost_run_ended();" + _UNDO_0008
+    UNDO_0009
+    + "DROP TRIGGER runs_ended_lease ON runs; DROP FUNCTION fencepost_run_ended();"
+    + _UNDO_0008
 )
 UNDO_0006 = """
 ALTER TABLE leases DROP COLUMN takeovers, DROP COLUMN refused_writes;
@@ -259,7 +290,7 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
             conn.execute(UNDO_0004)
             conn.execute(UNDO_0003)
         with fp.Ledger.open(url) as ledger:
-            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 8
+            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 9
             assert ledger.finish_attempt(
                 "old", "u1", res.attempt, res.dispatch_id, status="completed"
             )
@@ -277,6 +308,7 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
                 (6, "fencing"),
                 (7, "seq_floor"),
                 (8, "schedule"),
+                (9, "retry"),
             ]
             options = dict(
                 conn.execute(
@@ -301,11 +333,11 @@ def test_a_sequence_behind_its_events_is_raised_by_the_migration() -> None:
             conn.execute(UNDO_0008)
             conn.execute("DELETE FROM schema_migrations WHERE version >= 7")
         with fp.Ledger.open(url) as ledger:
-            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 8
+            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 9
             assert ledger.abandon_run("r")
             assert [e.seq for e in ledger.events(after_seq=newest)] == [newest + 1]
         with pg_connect(url) as conn:
-            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (8,)
+            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (9,)
 
 
 def test_reopen_is_a_no_op_and_the_schema_keyword_equals_the_url() -> None:

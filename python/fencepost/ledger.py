@@ -133,6 +133,16 @@ def _not_before(not_before: object) -> tuple[int | None, int | None]:
     )
 
 
+def _unit_cursor(after: object) -> Unit:
+    """``after=`` of a unit page: a ``Unit`` of the page before."""
+    if not isinstance(after, Unit):
+        raise InvalidArgument(
+            f"after must be a Unit from the page before, not {type(after).__name__}",
+            argument="after",
+        )
+    return after
+
+
 def _queued_run(run_id: str, fields: dict[str, Any]) -> _core._QueuedRun:
     """The core's keywords of ``reserve_run`` and ``prepare_or_adopt``."""
     at_ms, after_ms = _not_before(fields.pop("not_before"))
@@ -665,6 +675,65 @@ class Ledger:
     def unit(self, run_id: str, unit_id: str) -> Unit | None:
         """One unit projection, or ``None``."""
         return self._core.unit(run_id, unit_id)
+
+    # ------------------------------------------------------------------ retries
+
+    def due_units(
+        self, run_id: str | None = None, *, limit: int = 100, after: Unit | None = None
+    ) -> list[Unit]:
+        """The failed units whose ``retry_at`` has come, of one run or of every run, soonest
+        first (then by run and unit id): what a dispatcher reserves next. Read by an index of
+        the waiting units alone, so a page costs the same however many units the ledger holds.
+        ``after`` is the last unit of the page before; ``limit`` is 1 to 10 000."""
+        cursor = None
+        if after is not None:
+            after = _unit_cursor(after)
+            if after.retry_at is None:
+                raise InvalidArgument(
+                    "after must be a Unit from the page before (it has a retry_at), not one "
+                    "waiting for no retry",
+                    argument="after",
+                )
+            cursor = (to_ms(after.retry_at), after.run_id, after.unit_id)
+        return self._core.due_units(run_id, limit, cursor)
+
+    def exhausted_units(
+        self, run_id: str | None = None, *, limit: int = 100, after: Unit | None = None
+    ) -> list[Unit]:
+        """The units that used every attempt their retry policy allows (the dead letters), of
+        one run or of every run, by run and unit id, read by their own index. ``after`` is the
+        last unit of the page before; ``limit`` is 1 to 10 000."""
+        cursor = None
+        if after is not None:
+            after = _unit_cursor(after)
+            cursor = (after.run_id, after.unit_id)
+        return self._core.exhausted_units(run_id, limit, cursor)
+
+    def retry_units(
+        self, run_id: str, unit_ids: Iterable[str] | None = None, *, claim: Claim | None = None
+    ) -> int:
+        """Make the run's failed, timed-out and exhausted units (those in ``unit_ids``, or all)
+        due now: reservable at once and listed by ``due_units``. An exhausted unit gets exactly
+        one more attempt. Returns how many units were taken; each gets a ``unit.retried``
+        event. Fenced by ``claim`` when given; ``NotFound`` for a unit the run does not have,
+        ``RunNotActive`` for a run that has ended (nothing is written)."""
+        return self._core.retry_units(run_id, _refs(unit_ids, "unit_ids"), claim)
+
+    def cancel_units(
+        self,
+        run_id: str,
+        unit_ids: Iterable[str] | None = None,
+        *,
+        reason: str | None = None,
+        claim: Claim | None = None,
+    ) -> int:
+        """Cancel the run's units (those in ``unit_ids``, or all) that are not completed or
+        cancelled: a running attempt is finished as ``cancelled`` (its ``unit.finished``
+        event; a late finish of it then loses), a failed, timed-out or exhausted unit becomes
+        ``cancelled`` and waits for no retry. Returns how many units changed; each gets a
+        ``unit.cancelled`` event. Fenced by ``claim`` when given; ``NotFound`` for a unit the
+        run does not have, ``RunNotActive`` for a run that has ended (nothing is written)."""
+        return self._core.cancel_units(run_id, _refs(unit_ids, "unit_ids"), reason, claim)
 
     def accounting(self, run_id: str) -> Accounting:
         """Attempt and token totals, split by phase; unfinished attempts count as attempts."""

@@ -496,6 +496,7 @@ mod run_calls {
                 title: String::new(),
                 instructions: String::new(),
                 completion: None,
+                retry: None,
             }],
             run_id: Some(run_id.into()),
             ..NewRun::default()
@@ -562,7 +563,18 @@ fn prepare_random(
     setup: &[Op],
     finished: &[Op],
 ) -> Vec<(Option<Fence>, String)> {
-    for run in &RUNS[..4] {
+    // p0 and p1 retry their units: a failed attempt's unit waits a lease's length, so the
+    // clocks fall before its retry time and after it; step b's units wait a millisecond and
+    // may fail once more. Reservations then meet RetryNotDue and UnitExhausted.
+    let policy = crate::retry::RetryPolicy::new(2, LEASE_MS);
+    let step_b = crate::retry::RetryPolicy {
+        jitter: 0.5,
+        ..crate::retry::RetryPolicy::new(3, 1)
+    };
+    for run in &RUNS[..2] {
+        crate::conformance::started_retrying(store, run, Some(policy), Some(step_b));
+    }
+    for run in &RUNS[2..4] {
         started(store, run);
     }
     runs::block_run(store, "p2", None, T0).expect("block");
@@ -665,8 +677,8 @@ fn draw_op(
 
 /// One random group of `size` calls, grouped on one fresh ledger and one by one (in the order
 /// the group applied them) on another. How many calls reserved, finished (one winning finish
-/// at least), renewed a lease, lost their lease.
-fn random_round(store: &mut dyn Store, twin: &mut dyn Store, seed: u64, size: usize) -> [usize; 4] {
+/// at least), renewed a lease, lost their lease, were refused by a unit's retry policy.
+fn random_round(store: &mut dyn Store, twin: &mut dyn Store, seed: u64, size: usize) -> [usize; 5] {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let setup = [
         reserve("p0", vec![unit("u0"), unit("u1"), unit("u2")], None, T0 + 2),
@@ -714,26 +726,30 @@ fn random_round(store: &mut dyn Store, twin: &mut dyn Store, seed: u64, size: us
     assert_eq!(out.len(), size);
     out.iter()
         .map(|o| match o {
-            Ok(Output::Reservations(r)) if !r.is_empty() => [1, 0, 0, 0],
-            Ok(Output::Finished(f)) if f.contains(&true) => [0, 1, 0, 0],
-            Ok(Output::Claim(_)) => [0, 0, 1, 0],
-            Err(LedgerError::LeaseLost { .. }) => [0, 0, 0, 1],
-            _ => [0; 4],
+            Ok(Output::Reservations(r)) if !r.is_empty() => [1, 0, 0, 0, 0],
+            Ok(Output::Finished(f)) if f.contains(&true) => [0, 1, 0, 0, 0],
+            Ok(Output::Claim(_)) => [0, 0, 1, 0, 0],
+            Err(LedgerError::LeaseLost { .. }) => [0, 0, 0, 1, 0],
+            Err(LedgerError::RetryNotDue { .. } | LedgerError::UnitExhausted { .. }) => {
+                [0, 0, 0, 0, 1]
+            }
+            _ => [0; 5],
         })
-        .fold([0; 4], |acc, x| std::array::from_fn(|i| acc[i] + x[i]))
+        .fold([0; 5], |acc, x| std::array::from_fn(|i| acc[i] + x[i]))
 }
 
 /// Random groups of every size up to 32, each on two fresh ledgers of `store`'s backend.
 pub(super) fn random_groups_match_one_by_one(store: &mut dyn Store) {
     let sizes = [2, 5, 8, 16, 24, 32, 32, 32, 32, 32, 32, 32];
-    let mut seen = [0; 4];
+    let mut seen = [0; 5];
     for (seed, size) in (1..).zip(sizes) {
         let (mut a, _keep_a) = twin(store);
         let (mut b, _keep_b) = twin(store);
         let counts = random_round(a.as_mut(), b.as_mut(), seed, size);
         seen = std::array::from_fn(|i| seen[i] + counts[i]);
     }
-    // The draws reach every outcome: reservations, winning finishes, renewals, lost leases.
+    // The draws reach every outcome: reservations, winning finishes, renewals, lost leases,
+    // refusals by a retry policy.
     assert!(seen.iter().all(|&n| n > 0), "{seen:?}");
 }
 
@@ -980,6 +996,9 @@ fn a_write_that_matches_no_row_fails_its_transaction(store: &mut dyn Store) {
         session_id: None,
         payload: "{}".into(),
         stamp: Stamp::default(),
+        unit_status: "completed",
+        retry_at: None,
+        exhausted: None,
     };
     let reclaim = ReclaimRow {
         run_id: "r1",

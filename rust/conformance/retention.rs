@@ -66,10 +66,12 @@ fn child(store: &mut dyn Store, parent: &str, id: &str) {
             title: String::new(),
             instructions: String::new(),
             completion: None,
+            retry: None,
         }],
         params: Some(Json::new(br#"{"shared":true}"#.to_vec())),
         plan: None,
         run_id: Some(id.into()),
+        retry: None,
     };
     runs::publish_child_run(store, &req, T0).expect("child");
 }

@@ -506,6 +506,85 @@ impl PyLedger {
         rows.into_iter().map(|u| records::unit(py, u)).collect()
     }
 
+    /// A page of the due units; the cursor is the last unit of the page before, as (retry time
+    /// in ms, run, unit).
+    fn due_units<'py>(
+        &self,
+        py: Python<'py>,
+        run_id: &Bound<'py, PyAny>,
+        limit: &Bound<'py, PyAny>,
+        after: Option<(i64, String, String)>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let run_id = opt_text(run_id, "run_id")?;
+        let limit = int(limit, "limit")?;
+        let after = after.map(|(retry_at, run_id, unit_id)| attempts::DueCursor {
+            retry_at,
+            run_id,
+            unit_id,
+        });
+        let units = self.run(py, move |s, now| {
+            attempts::due_units(s, run_id.as_deref(), limit, after.as_ref(), now)
+        })?;
+        units.into_iter().map(|u| records::unit(py, u)).collect()
+    }
+
+    /// A page of the exhausted units; the cursor is the last unit of the page before, as
+    /// (run, unit).
+    fn exhausted_units<'py>(
+        &self,
+        py: Python<'py>,
+        run_id: &Bound<'py, PyAny>,
+        limit: &Bound<'py, PyAny>,
+        after: Option<(String, String)>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let run_id = opt_text(run_id, "run_id")?;
+        let limit = int(limit, "limit")?;
+        let after = after.map(|(run_id, unit_id)| attempts::UnitCursor { run_id, unit_id });
+        let units = self.run(py, move |s, _| {
+            attempts::exhausted_units(s, run_id.as_deref(), limit, after.as_ref())
+        })?;
+        units.into_iter().map(|u| records::unit(py, u)).collect()
+    }
+
+    fn retry_units(
+        &self,
+        py: Python<'_>,
+        run_id: &Bound<'_, PyAny>,
+        unit_ids: &Bound<'_, PyAny>,
+        claim: &Bound<'_, PyAny>,
+    ) -> PyResult<i64> {
+        let run_id = text(run_id, "run_id")?;
+        let unit_ids = str_list(unit_ids, "unit_ids")?;
+        let fence = fence_arg(claim)?;
+        self.run(py, move |s, now| {
+            attempts::retry_units(s, &run_id, unit_ids.as_deref(), fence.as_ref(), now)
+        })
+    }
+
+    fn cancel_units(
+        &self,
+        py: Python<'_>,
+        run_id: &Bound<'_, PyAny>,
+        unit_ids: &Bound<'_, PyAny>,
+        reason: &Bound<'_, PyAny>,
+        claim: &Bound<'_, PyAny>,
+    ) -> PyResult<i64> {
+        let run_id = text(run_id, "run_id")?;
+        let unit_ids = str_list(unit_ids, "unit_ids")?;
+        let reason = opt_prose(reason, "reason")?;
+        let fence = fence_arg(claim)?;
+        self.run(py, move |s, now| {
+            attempts::cancel_units(
+                s,
+                &run_id,
+                unit_ids.as_deref(),
+                reason.as_deref(),
+                fence.as_ref(),
+                now,
+            )
+        })
+    }
+
     /// `(status, count)` pairs, in lifecycle order.
     fn unit_counts(
         &self,

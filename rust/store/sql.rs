@@ -469,6 +469,100 @@ pub const GET_UNIT_SQL: Sql = Sql::same(
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder, retry_at FROM units WHERE run_id = ?1 AND unit_id = ?2",
 );
+/// The failed units of every run whose retry time has come (?1), after the cursor (?2 retry
+/// time, ?3 run, ?4 unit), at most ?5: a range of `units_retry_due`, which holds the units
+/// waiting for a retry and no other, in its order. PostgreSQL compares ids bytewise, as SQLite
+/// does and as its index keys them.
+pub const DUE_UNITS_SQL: Sql = Sql::split(
+    "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder, retry_at FROM units
+    WHERE retry_at IS NOT NULL AND retry_at <= ?1 AND (retry_at, run_id, unit_id) > (?2, ?3, ?4)
+    ORDER BY retry_at, run_id, unit_id LIMIT ?5",
+    "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder, retry_at FROM units
+    WHERE retry_at IS NOT NULL AND retry_at <= CAST(?1 AS BIGINT)
+      AND (retry_at, run_id COLLATE \"C\", unit_id COLLATE \"C\")
+          > (CAST(?2 AS BIGINT), CAST(?3 AS TEXT) COLLATE \"C\", CAST(?4 AS TEXT) COLLATE \"C\")
+    ORDER BY retry_at, run_id COLLATE \"C\", unit_id COLLATE \"C\" LIMIT ?5",
+);
+/// [`DUE_UNITS_SQL`] of one run (?1): due by ?2, after (?3 retry time, ?4 unit), at most ?5;
+/// a range of `units_retry_due_run`.
+pub const DUE_UNITS_RUN_SQL: Sql = Sql::split(
+    "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder, retry_at FROM units
+    WHERE run_id = ?1 AND retry_at IS NOT NULL AND retry_at <= ?2
+      AND (retry_at, unit_id) > (?3, ?4)
+    ORDER BY retry_at, unit_id LIMIT ?5",
+    "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder, retry_at FROM units
+    WHERE run_id COLLATE \"C\" = CAST(?1 AS TEXT) AND retry_at IS NOT NULL
+      AND retry_at <= CAST(?2 AS BIGINT)
+      AND (retry_at, unit_id COLLATE \"C\") > (CAST(?3 AS BIGINT), CAST(?4 AS TEXT) COLLATE \"C\")
+    ORDER BY retry_at, unit_id COLLATE \"C\" LIMIT ?5",
+);
+/// The exhausted units of every run after the cursor (?1 run, ?2 unit), at most ?3: a range of
+/// `units_exhausted`, which holds them and no other unit.
+pub const EXHAUSTED_UNITS_SQL: Sql = Sql::split(
+    "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder, retry_at FROM units INDEXED BY units_exhausted
+    WHERE status = 'exhausted' AND (run_id, unit_id) > (?1, ?2)
+    ORDER BY run_id, unit_id LIMIT ?3",
+    "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder, retry_at FROM units
+    WHERE status = 'exhausted'
+      AND (run_id COLLATE \"C\", unit_id COLLATE \"C\")
+          > (CAST(?1 AS TEXT) COLLATE \"C\", CAST(?2 AS TEXT) COLLATE \"C\")
+    ORDER BY run_id COLLATE \"C\", unit_id COLLATE \"C\" LIMIT ?3",
+);
+/// [`EXHAUSTED_UNITS_SQL`] of one run (?1), after unit ?2, at most ?3. SQLite is told the
+/// index: the primary key serves the same order, and walks every unit of the run.
+pub const EXHAUSTED_UNITS_RUN_SQL: Sql = Sql::split(
+    "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder, retry_at FROM units INDEXED BY units_exhausted
+    WHERE status = 'exhausted' AND run_id = ?1 AND unit_id > ?2
+    ORDER BY unit_id LIMIT ?3",
+    "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder, retry_at FROM units
+    WHERE status = 'exhausted' AND run_id COLLATE \"C\" = CAST(?1 AS TEXT)
+      AND unit_id COLLATE \"C\" > CAST(?2 AS TEXT) COLLATE \"C\"
+    ORDER BY unit_id COLLATE \"C\" LIMIT ?3",
+);
+/// Every unit of a run as a bulk move reads it (`unit_id, status, attempts` and the latest
+/// attempt's dispatch id), in unit order: the run's range of both primary keys.
+pub const UNIT_STATES_SQL: Sql = Sql::split(
+    "SELECT u.unit_id, u.status, u.attempts, a.dispatch_id FROM units u
+    JOIN attempts a ON a.run_id = u.run_id AND a.unit_id = u.unit_id AND a.attempt = u.attempts
+    WHERE u.run_id = ?1 ORDER BY u.unit_id",
+    "SELECT u.unit_id, u.status, u.attempts, a.dispatch_id FROM units u
+    JOIN attempts a ON a.run_id = u.run_id AND a.unit_id = u.unit_id AND a.attempt = u.attempts
+    WHERE u.run_id = ?1 ORDER BY u.unit_id COLLATE \"C\"",
+);
+/// One unit of a run as [`UNIT_STATES_SQL`] reads it.
+pub const UNIT_STATE_SQL: Sql = Sql::same(
+    "SELECT u.unit_id, u.status, u.attempts, a.dispatch_id FROM units u
+    JOIN attempts a ON a.run_id = u.run_id AND a.unit_id = u.unit_id AND a.attempt = u.attempts
+    WHERE u.run_id = ?1 AND u.unit_id = ?2",
+);
+/// `retry_units`: a failed, timed-out or exhausted unit becomes due at ?3, or stays due from
+/// when it already was; an exhausted one takes back its last attempt's status.
+pub const RETRY_UNIT_SQL: Sql = Sql::same(
+    "UPDATE units SET
+    status = CASE WHEN status = 'exhausted' THEN (
+        SELECT a.status FROM attempts a
+        WHERE a.run_id = units.run_id AND a.unit_id = units.unit_id AND a.attempt = units.attempts)
+        ELSE status END,
+    retry_at = CASE WHEN retry_at IS NOT NULL AND retry_at < CAST(?3 AS BIGINT) THEN retry_at
+        ELSE CAST(?3 AS BIGINT) END
+    WHERE run_id = ?1 AND unit_id = ?2 AND status IN ('failed', 'timed_out', 'exhausted')",
+);
+/// `cancel_units` on a unit with no running attempt: cancelled, no retry, the reason (?3) kept.
+pub const CANCEL_UNIT_SQL: Sql = Sql::same(
+    "UPDATE units SET status = 'cancelled', retry_at = NULL,
+    failure_reason = coalesce(CAST(?3 AS TEXT), failure_reason),
+    finished_at = coalesce(finished_at, CAST(?4 AS BIGINT))
+    WHERE run_id = ?1 AND unit_id = ?2
+      AND status IN ('pending', 'failed', 'timed_out', 'exhausted')",
+);
 /// Unfinished attempts count as attempts (each was dispatched); NULL tokens count as 0.
 /// PostgreSQL sums BIGINTs into NUMERIC: cast back, the totals fit.
 pub const ACCOUNTING_SQL: Sql = Sql::split(

@@ -693,6 +693,7 @@ mod tests {
                 title: String::new(),
                 instructions: String::new(),
                 completion: None,
+                retry: None,
             }],
             run_id: Some("r".into()),
             force: true,

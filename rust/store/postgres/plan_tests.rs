@@ -219,6 +219,7 @@ fn the_one_key_statements_probe_by_key_on_a_fresh_schema() {
     let store = store.as_mut();
     let fence = fill(store);
     let none: Option<String> = None;
+    let no_time: Option<i64> = None;
     // A judgment of one key per part, and what a call alone reads besides.
     let statements: Vec<(&str, &str, Vec<&dyn ToSql>)> = vec![
         ("LOCK_RUN_SQL", sql::LOCK_RUN_SQL, vec![&"r0"]),
@@ -282,6 +283,7 @@ fn the_one_key_statements_probe_by_key_on_a_fresh_schema() {
                 &none,
                 &none,
                 &T0,
+                &no_time,
             ],
         ),
         (

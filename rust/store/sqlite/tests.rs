@@ -207,7 +207,8 @@ fn an_older_database_migrates_forward_and_keeps_its_rows() {
             (5, "queue".into(), 9),
             (6, "fencing".into(), 9),
             (7, "seq_floor".into(), 9),
-            (8, "schedule".into(), 9)
+            (8, "schedule".into(), 9),
+            (9, "retry".into(), 9)
         ]
     );
     let kept: String = store
@@ -217,6 +218,31 @@ fn an_older_database_migrates_forward_and_keeps_its_rows() {
         })
         .unwrap();
     assert_eq!(kept, "active");
+    // 0009 widened the units' status CHECK in place: this connection (which migrated) and a
+    // new one both take `exhausted`, and both still refuse a status that is not one.
+    let other = Connection::open(&path).unwrap();
+    for conn in [&store.conn, &other] {
+        conn.execute_batch(
+            "INSERT INTO units(run_id, unit_id, phase, status, attempts, first_started_at, \
+             started_at) VALUES ('r1', 'u', 'unit', 'exhausted', 1, 1, 1); \
+             DELETE FROM units WHERE run_id = 'r1'",
+        )
+        .unwrap();
+        let bogus = conn.execute(
+            "INSERT INTO units(run_id, unit_id, phase, status, attempts, first_started_at, \
+             started_at) VALUES ('r1', 'u', 'unit', 'bogus', 1, 1, 1)",
+            [],
+        );
+        assert!(bogus.is_err(), "{bogus:?}");
+    }
+    let check: String = other
+        .query_row(
+            "SELECT sql FROM sqlite_schema WHERE name = 'units'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(check.contains("'timed_out',\n                        'exhausted')"), "{check}");
 }
 
 #[test]

@@ -26,9 +26,7 @@ mod read;
 mod retries;
 mod spec;
 pub use read::{accounting, attempts, orphans, unit, unit_counts, units, UnitFilter};
-pub use retries::{
-    cancel_units, due_units, exhausted_units, retry_units, DueCursor, UnitCursor,
-};
+pub use retries::{cancel_units, due_units, exhausted_units, retry_units, DueCursor, UnitCursor};
 pub use spec::{FinishSpec, UnitSpec};
 
 /// Reserve (or reclaim) attempts for `units` of one run, in one transaction.
@@ -148,7 +146,10 @@ pub(crate) fn exhausted_payload(f: &FinishSpec, step_id: Option<&str>, phase: &s
         ("phase".into(), Value::Str(phase.to_owned())),
         ("run_id".into(), Value::Str(f.run_id.clone())),
         ("status".into(), Value::Str(f.status.clone())),
-        ("step_id".into(), step_id.map_or(Value::Null, |s| Value::Str(s.to_owned()))),
+        (
+            "step_id".into(),
+            step_id.map_or(Value::Null, |s| Value::Str(s.to_owned())),
+        ),
         ("unit_id".into(), Value::Str(f.unit_id.clone())),
     ])
 }

@@ -26,9 +26,7 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use crate::attempts::judge::{self, AttemptKey, LatestAttempt, ReserveVerdict, RunningAttempt};
-use crate::attempts::{
-    exhausted_payload, finished_payload, started_payload, FinishSpec, UnitSpec,
-};
+use crate::attempts::{exhausted_payload, finished_payload, started_payload, FinishSpec, UnitSpec};
 use crate::canonical::{into_text, to_vec};
 use crate::errors::{LedgerError, Result};
 use crate::events::Actor;

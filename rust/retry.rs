@@ -222,8 +222,14 @@ mod tests {
     #[test]
     fn exhausted_at_max_attempts() {
         let p = RetryPolicy::new(3, 1_000);
-        assert_eq!(p.after_failure("r", "u", 1, 10), AfterFailure::RetryAt(1_010));
-        assert_eq!(p.after_failure("r", "u", 2, 10), AfterFailure::RetryAt(2_010));
+        assert_eq!(
+            p.after_failure("r", "u", 1, 10),
+            AfterFailure::RetryAt(1_010)
+        );
+        assert_eq!(
+            p.after_failure("r", "u", 2, 10),
+            AfterFailure::RetryAt(2_010)
+        );
         assert_eq!(p.after_failure("r", "u", 3, 10), AfterFailure::Exhausted);
         assert_eq!(p.after_failure("r", "u", 4, 10), AfterFailure::Exhausted);
     }
@@ -242,7 +248,11 @@ mod tests {
             assert_eq!(d, p.delay_ms("run", &u, 1));
             seen.insert(d);
         }
-        assert!(seen.len() > 150, "the draw spreads: {} distinct", seen.len());
+        assert!(
+            seen.len() > 150,
+            "the draw spreads: {} distinct",
+            seen.len()
+        );
     }
 
     #[test]

@@ -114,7 +114,9 @@ def test_a_policy_is_stored_whole_and_a_step_policy_overrides_the_runs(
     r = reserve(ledger, run.run_id, "b", step_id="s")
     fail(ledger, r)
     b = ledger.unit(run.run_id, "b")
-    assert b is not None and b.status == "failed" and ms(b.retry_at) == clock.now + 100
+    assert b is not None
+    assert b.status == "failed"
+    assert ms(b.retry_at) == clock.now + 100
     # A step the run does not list gets the run's policy; a run without one, no retries.
     r = reserve(ledger, run.run_id, "c", step_id="elsewhere")
     fail(ledger, r)
@@ -123,7 +125,9 @@ def test_a_policy_is_stored_whole_and_a_step_policy_overrides_the_runs(
     r = reserve(ledger, plain.run_id, "a")
     fail(ledger, r)
     a = ledger.unit(plain.run_id, "a")
-    assert a is not None and a.status == "failed" and a.retry_at is None
+    assert a is not None
+    assert a.status == "failed"
+    assert a.retry_at is None
     assert reserve(ledger, plain.run_id, "a").attempt == 2
 
 
@@ -133,7 +137,9 @@ def test_completed_and_cancelled_finishes_schedule_nothing(ledger: fp.Ledger) ->
         r = reserve(ledger, run.run_id, status)
         fail(ledger, r, status)
         u = ledger.unit(run.run_id, status)
-        assert u is not None and u.status == status and u.retry_at is None
+        assert u is not None
+        assert u.status == status
+        assert u.retry_at is None
 
 
 def test_retry_not_due_and_unit_exhausted_write_nothing(
@@ -144,12 +150,15 @@ def test_retry_not_due_and_unit_exhausted_write_nothing(
     before = written(ledger, run.run_id)
     with pytest.raises(fp.RetryNotDue) as not_due:
         reserve(ledger, run.run_id, "u")
-    assert not_due.value.unit_id == "u" and not_due.value.run_id == run.run_id
+    assert not_due.value.unit_id == "u"
+    assert not_due.value.run_id == run.run_id
     assert ms(not_due.value.retry_at) == clock.now + 1_000
     assert "force=True" in str(not_due.value)
     # A batch is all or nothing: the fresh unit beside it is not reserved either.
     with pytest.raises(fp.RetryNotDue):
-        ledger.reserve_attempts(run.run_id, [{"unit_id": "fresh", "step_id": "s"}, {"unit_id": "u", "step_id": "s"}])
+        ledger.reserve_attempts(
+            run.run_id, [{"unit_id": "fresh", "step_id": "s"}, {"unit_id": "u", "step_id": "s"}]
+        )
     assert written(ledger, run.run_id) == before
     clock.advance(999)
     with pytest.raises(fp.RetryNotDue):
@@ -162,7 +171,9 @@ def test_retry_not_due_and_unit_exhausted_write_nothing(
             reserve(ledger, run.run_id, "u", force=force)
         assert exhausted.value.attempts == 2
         with pytest.raises(fp.UnitExhausted):
-            ledger.reserve_attempts(run.run_id, [{"unit_id": "fresh", "step_id": "s"}, {"unit_id": "u", "step_id": "s"}])
+            ledger.reserve_attempts(
+                run.run_id, [{"unit_id": "fresh", "step_id": "s"}, {"unit_id": "u", "step_id": "s"}]
+            )
     assert written(ledger, run.run_id) == before
 
 
@@ -183,7 +194,9 @@ def test_a_batch_of_failing_finishes_writes_what_one_by_one_writes(
     policy = {"max_attempts": 2, "initial_ms": 500, "jitter": 0.5}
 
     def exhaust_half(run: fp.Run, batch: bool) -> list[Any]:
-        rs = ledger.reserve_attempts(run.run_id, [{"unit_id": f"u{i}", "step_id": "s"} for i in range(4)])
+        rs = ledger.reserve_attempts(
+            run.run_id, [{"unit_id": f"u{i}", "step_id": "s"} for i in range(4)]
+        )
         ledger.finish_attempts(
             [
                 {
@@ -197,7 +210,9 @@ def test_a_batch_of_failing_finishes_writes_what_one_by_one_writes(
             ]
         )
         clock.advance(10_000)
-        rs = ledger.reserve_attempts(run.run_id, [{"unit_id": f"u{i}", "step_id": "s"} for i in range(4)])
+        rs = ledger.reserve_attempts(
+            run.run_id, [{"unit_id": f"u{i}", "step_id": "s"} for i in range(4)]
+        )
         finishes = [
             {
                 "run_id": r.run_id,
@@ -248,7 +263,8 @@ def test_due_units_in_order_with_a_cursor(ledger: fp.Ledger, clock: FakeClock) -
     assert ledger.due_units() == []
     clock.advance(1_000 - (clock.now - start) + 30)  # the first three are due
     due = [(ms(u.retry_at), u.run_id, u.unit_id) for u in ledger.due_units()]
-    assert due == [o for o in order if o[0] <= clock.now] and len(due) == 3
+    assert due == [o for o in order if o[0] <= clock.now]
+    assert len(due) == 3
     clock.advance(1_000)
     page1 = ledger.due_units(limit=3)
     page2 = ledger.due_units(limit=3, after=page1[-1])
@@ -299,7 +315,9 @@ def test_retry_units_gives_an_exhausted_unit_exactly_one_more_attempt(
     clock.advance(5)
     assert ledger.retry_units(run.run_id) == 3  # dead, waiting, plain; not done
     dead = ledger.unit(run.run_id, "dead")
-    assert dead is not None and dead.status == "timed_out" and ms(dead.retry_at) == clock.now
+    assert dead is not None
+    assert dead.status == "timed_out"
+    assert ms(dead.retry_at) == clock.now
     # "plain" and "waiting" were due already (their retry_at had come): they keep their place.
     assert [u.unit_id for u in ledger.due_units(run.run_id)] == ["plain", "waiting", "dead"]
     types = [e.type for e in ledger.events(run.run_id)]
@@ -328,7 +346,8 @@ def test_cancel_units_cancels_running_attempts_through_the_finish(
         "failed": "cancelled",
         "done": "completed",
     }
-    assert by_id["failed"].retry_at is None and ledger.due_units(run.run_id) == []
+    assert by_id["failed"].retry_at is None
+    assert ledger.due_units(run.run_id) == []
     assert by_id["running"].failure_reason == "operator stop"
     # The running attempt was finished: its own finish now loses.
     assert not ledger.finish_attempt(
@@ -340,9 +359,7 @@ def test_cancel_units_cancels_running_attempts_through_the_finish(
     assert ledger.cancel_units(run.run_id) == 0
 
 
-def test_bulk_moves_are_fenced_and_refuse_an_ended_run(
-    ledger: fp.Ledger, clock: FakeClock
-) -> None:
+def test_bulk_moves_are_fenced_and_refuse_an_ended_run(ledger: fp.Ledger, clock: FakeClock) -> None:
     ledger.reserve_run("q", **queued("q", retry={"max_attempts": 3, "initial_ms": 10}))
     old = ledger.claim("q", "host-a", lease_ms=1_000)
     assert old is not None
@@ -383,10 +400,13 @@ def test_policies_are_checked_and_named(ledger: fp.Ledger) -> None:
     for policy, named in bad:
         with pytest.raises(fp.InvalidArgument) as e:
             a_run(ledger, policy)
-        assert e.value.argument == "retry" and named in str(e.value), (policy, str(e.value))
+        assert e.value.argument == "retry", policy
+        assert named in str(e.value), (policy, str(e.value))
         with pytest.raises(fp.InvalidArgument) as e:
             a_run(ledger, None, steps=[{"id": "s"}, {"id": "t", "retry": policy}])
-        assert e.value.argument == "steps" and "item 1" in str(e.value) and named in str(e.value)
+        assert e.value.argument == "steps"
+        assert "item 1" in str(e.value)
+        assert named in str(e.value)
         with pytest.raises(fp.InvalidArgument):
             ledger.reserve_run("q", **queued("q", retry=policy))
     assert ledger.list_runs() == []
@@ -435,7 +455,8 @@ def test_a_ledger_from_before_retries_migrates_and_exhausts(target: str, clock: 
     with fp.Ledger.open(target, clock=clock) as ledger:
         assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 9
         u = ledger.unit("old", "u")
-        assert u is not None and (u.status, u.retry_at, u.attempts) == ("failed", None, 1)
+        assert u is not None
+        assert (u.status, u.retry_at, u.attempts) == ("failed", None, 1)
         assert reserve(ledger, "old", "u").attempt == 2
         new = a_run(ledger, {"max_attempts": 1, "initial_ms": 0}, run_id="new")
         fail(ledger, reserve(ledger, new.run_id, "u"))

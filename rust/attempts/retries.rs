@@ -56,7 +56,11 @@ pub fn due_units(
     store.read("listing due units", |tx| match run_id {
         // A cursor from another run continues after it: the run's own rows start over.
         Some(run_id) => {
-            let (at, unit) = if run == run_id { (at, unit) } else { (i64::MIN, "") };
+            let (at, unit) = if run == run_id {
+                (at, unit)
+            } else {
+                (i64::MIN, "")
+            };
             tx.rows(
                 &sql::DUE_UNITS_RUN_SQL,
                 params![run_id, now_ms, at, unit, limit],

@@ -125,25 +125,8 @@ fn build(py: Python<'_>, err: LedgerError) -> PyResult<PyErr> {
             kw.set_item("reason", reason.as_str())?;
             py.get_type::<LeaseLost>()
         }
-        LedgerError::RetryNotDue {
-            run_id,
-            unit_id,
-            retry_at,
-        } => {
-            kw.set_item("run_id", run_id)?;
-            kw.set_item("unit_id", unit_id)?;
-            kw.set_item("retry_at", crate::py::records::time(py, retry_at)?)?;
-            py.get_type::<RetryNotDue>()
-        }
-        LedgerError::UnitExhausted {
-            run_id,
-            unit_id,
-            attempts,
-        } => {
-            kw.set_item("run_id", run_id)?;
-            kw.set_item("unit_id", unit_id)?;
-            kw.set_item("attempts", attempts)?;
-            py.get_type::<UnitExhausted>()
+        e @ (LedgerError::RetryNotDue { .. } | LedgerError::UnitExhausted { .. }) => {
+            retry_refusal(py, &kw, e)?
         }
         LedgerError::StoreBusy { waited_ms, retries } => {
             kw.set_item("waited_ms", waited_ms)?;
@@ -172,4 +155,35 @@ fn build(py: Python<'_>, err: LedgerError) -> PyResult<PyErr> {
             "fencepost.errors class did not build an exception",
         ))
     }
+}
+
+/// The fields and class of a reservation a unit's retry policy refused.
+fn retry_refusal<'py>(
+    py: Python<'py>,
+    kw: &Bound<'py, PyDict>,
+    err: LedgerError,
+) -> PyResult<Bound<'py, PyType>> {
+    Ok(match err {
+        LedgerError::RetryNotDue {
+            run_id,
+            unit_id,
+            retry_at,
+        } => {
+            kw.set_item("run_id", run_id)?;
+            kw.set_item("unit_id", unit_id)?;
+            kw.set_item("retry_at", crate::py::records::time(py, retry_at)?)?;
+            py.get_type::<RetryNotDue>()
+        }
+        LedgerError::UnitExhausted {
+            run_id,
+            unit_id,
+            attempts,
+        } => {
+            kw.set_item("run_id", run_id)?;
+            kw.set_item("unit_id", unit_id)?;
+            kw.set_item("attempts", attempts)?;
+            py.get_type::<UnitExhausted>()
+        }
+        other => unreachable!("not a retry refusal: {other:?}"),
+    })
 }

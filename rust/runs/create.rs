@@ -14,9 +14,9 @@ use crate::errors::{LedgerError, Result};
 use crate::events::{self, json_array, Actor};
 use crate::ids::{check_name, check_run_id, new_run_id};
 use crate::model::Run;
+use crate::retry::RetryPolicy;
 use crate::runs::read::must_read_run;
 use crate::status::{RunStatus, StepStatus};
-use crate::retry::RetryPolicy;
 use crate::store::{sql, DbError, Store, Tx};
 
 /// One step of a new run's plan.

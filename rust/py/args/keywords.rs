@@ -234,13 +234,21 @@ fn retry_arg(obj: &Bound<'_, PyAny>, argument: &str, at: &str) -> PyResult<Optio
     let required = |name: &str| -> PyResult<i64> {
         let v = f.get(name);
         if v.is_none() {
-            return Err(invalid(py, argument, format!("{} is required", field(name))));
+            return Err(invalid(
+                py,
+                argument,
+                format!("{} is required", field(name)),
+            ));
         }
         int(v, &field(name)).map_err(|_| {
             invalid(
                 py,
                 argument,
-                format!("{} must be an int, not {}", field(name), super::type_name(v)),
+                format!(
+                    "{} must be an int, not {}",
+                    field(name),
+                    super::type_name(v)
+                ),
             )
         })
     };
@@ -260,7 +268,11 @@ fn retry_arg(obj: &Bound<'_, PyAny>, argument: &str, at: &str) -> PyResult<Optio
             invalid(
                 py,
                 argument,
-                format!("{} must be a number, not {}", field(name), super::type_name(v)),
+                format!(
+                    "{} must be a number, not {}",
+                    field(name),
+                    super::type_name(v)
+                ),
             )
         };
         if v.is_instance_of::<pyo3::types::PyBool>() {

@@ -242,7 +242,10 @@ fn an_older_database_migrates_forward_and_keeps_its_rows() {
             |r| r.get(0),
         )
         .unwrap();
-    assert!(check.contains("'timed_out',\n                        'exhausted')"), "{check}");
+    assert!(
+        check.contains("'timed_out',\n                        'exhausted')"),
+        "{check}"
+    );
 }
 
 #[test]

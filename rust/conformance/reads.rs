@@ -19,7 +19,8 @@ conformance!(
     unit_pages_follow_the_cursor,
     live_leases_are_read_by_index,
     next_queued_runs_are_read_by_index,
-    scheduling_is_read_by_index
+    scheduling_is_read_by_index,
+    unit_retries_are_read_by_index
 );
 
 /// `p0` and 3 000 more runs (see [`many_runs`]).
@@ -583,4 +584,76 @@ fn scheduling_is_read_by_index(store: &mut dyn Store) {
         "by runs_queued_name:\n{held}"
     );
     assert!(!scans_runs(&held), "no scan of the runs:\n{held}");
+}
+
+/// `due_units` and `exhausted_units`, across the ledger and of one run, head and deep pages:
+/// each a range of its own index (which holds the waiting or the exhausted units and nothing
+/// else), in the index's order, however many other units there are.
+fn unit_retries_are_read_by_index(store: &mut dyn Store) {
+    for r in 0..12 {
+        started(store, &format!("u{r}"));
+    }
+    // 60 000 units: one in five waits for a retry (due at its number), one in fifty is
+    // exhausted, the rest completed. A page is smaller than what it pages through (a run has
+    // 100 exhausted units, and its page is 10): a read whose whole answer fits one page may
+    // rightly be fetched whole and sorted.
+    let many = Sql::same(
+        "INSERT INTO units (run_id, unit_id, phase, status, attempts, first_started_at,
+            started_at, retry_at)
+        WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 59999)
+        SELECT 'u' || CAST(i % 12 AS TEXT), 'x' || CAST(i AS TEXT), 'unit',
+            CASE WHEN i % 5 = 0 THEN 'failed' WHEN i % 50 = 1 THEN 'exhausted'
+                 ELSE 'completed' END,
+            1, i, i, CASE WHEN i % 5 = 0 THEN i END
+        FROM n",
+    );
+    store
+        .write("filling units", |tx| tx.exec(&many, params![]).map(|_| ()))
+        .expect("fill units");
+    analyze(store);
+    let min = i64::MIN;
+    for (what, statement, args, index) in [
+        (
+            "the due units' first page",
+            &sql::DUE_UNITS_SQL,
+            params![30_000_i64, min, "", "", 100_i64],
+            "units_retry_due",
+        ),
+        (
+            "a page deep in the due units",
+            &sql::DUE_UNITS_SQL,
+            params![60_000_i64, 20_000_i64, "u8", "x20000", 100_i64],
+            "units_retry_due",
+        ),
+        (
+            "a run's due units",
+            &sql::DUE_UNITS_RUN_SQL,
+            params!["u3", 60_000_i64, 900_i64, "x900", 100_i64],
+            "units_retry_due_run",
+        ),
+        (
+            "the exhausted units",
+            &sql::EXHAUSTED_UNITS_SQL,
+            params!["u3", "x999", 100_i64],
+            "units_exhausted",
+        ),
+        (
+            "a run's exhausted units",
+            &sql::EXHAUSTED_UNITS_RUN_SQL,
+            params!["u3", "", 10_i64],
+            "units_exhausted",
+        ),
+    ] {
+        let p = plan(store, statement, args);
+        assert!(p.contains(index), "{what}: by {index}:\n{p}");
+        let walks = p.lines().any(|l| {
+            (l.contains("SCAN units")
+                && !l.contains("units_retry_due")
+                && !l.contains("units_exhausted"))
+                || l.contains("Seq Scan on units")
+                || l.contains("TEMP B-TREE")
+                || l.contains("Sort")
+        });
+        assert!(!walks, "{what}: no scan of the units, no sort:\n{p}");
+    }
 }

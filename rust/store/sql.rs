@@ -472,7 +472,7 @@ pub const GET_UNIT_SQL: Sql = Sql::same(
 /// The failed units of every run whose retry time has come (?1), after the cursor (?2 retry
 /// time, ?3 run, ?4 unit), at most ?5: a range of `units_retry_due`, which holds the units
 /// waiting for a retry and no other, in its order. PostgreSQL compares ids bytewise, as SQLite
-/// does and as its index keys them.
+/// does and as its index keys them, and states its index's own predicate (see the migration).
 pub const DUE_UNITS_SQL: Sql = Sql::split(
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder, retry_at FROM units
@@ -480,25 +480,30 @@ pub const DUE_UNITS_SQL: Sql = Sql::split(
     ORDER BY retry_at, run_id, unit_id LIMIT ?5",
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder, retry_at FROM units
-    WHERE retry_at IS NOT NULL AND retry_at <= CAST(?1 AS BIGINT)
+    WHERE retry_at > -9223372036854775808 AND retry_at <= CAST(?1 AS BIGINT)
       AND (retry_at, run_id COLLATE \"C\", unit_id COLLATE \"C\")
           > (CAST(?2 AS BIGINT), CAST(?3 AS TEXT) COLLATE \"C\", CAST(?4 AS TEXT) COLLATE \"C\")
     ORDER BY retry_at, run_id COLLATE \"C\", unit_id COLLATE \"C\" LIMIT ?5",
 );
 /// [`DUE_UNITS_SQL`] of one run (?1): due by ?2, after (?3 retry time, ?4 unit), at most ?5;
-/// a range of `units_retry_due_run`.
+/// a range of `units_retry_due_run`. The order names the run first, as that index does (the run
+/// is fixed, so the order is the same), and PostgreSQL's bounds are row values led by the run,
+/// which only that index can take as its range: with the retry time alone bounded, PostgreSQL
+/// estimated the ledger-wide index cheaper and walked every other run's waiting units.
 pub const DUE_UNITS_RUN_SQL: Sql = Sql::split(
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder, retry_at FROM units
     WHERE run_id = ?1 AND retry_at IS NOT NULL AND retry_at <= ?2
       AND (retry_at, unit_id) > (?3, ?4)
-    ORDER BY retry_at, unit_id LIMIT ?5",
+    ORDER BY run_id, retry_at, unit_id LIMIT ?5",
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder, retry_at FROM units
     WHERE run_id COLLATE \"C\" = CAST(?1 AS TEXT) AND retry_at IS NOT NULL
-      AND retry_at <= CAST(?2 AS BIGINT)
-      AND (retry_at, unit_id COLLATE \"C\") > (CAST(?3 AS BIGINT), CAST(?4 AS TEXT) COLLATE \"C\")
-    ORDER BY retry_at, unit_id COLLATE \"C\" LIMIT ?5",
+      AND (run_id COLLATE \"C\", retry_at)
+          <= (CAST(?1 AS TEXT) COLLATE \"C\", CAST(?2 AS BIGINT))
+      AND (run_id COLLATE \"C\", retry_at, unit_id COLLATE \"C\")
+          > (CAST(?1 AS TEXT) COLLATE \"C\", CAST(?3 AS BIGINT), CAST(?4 AS TEXT) COLLATE \"C\")
+    ORDER BY run_id COLLATE \"C\", retry_at, unit_id COLLATE \"C\" LIMIT ?5",
 );
 /// The exhausted units of every run after the cursor (?1 run, ?2 unit), at most ?3: a range of
 /// `units_exhausted`, which holds them and no other unit.
@@ -524,8 +529,9 @@ pub const EXHAUSTED_UNITS_RUN_SQL: Sql = Sql::split(
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder, retry_at FROM units
     WHERE status = 'exhausted' AND run_id COLLATE \"C\" = CAST(?1 AS TEXT)
-      AND unit_id COLLATE \"C\" > CAST(?2 AS TEXT) COLLATE \"C\"
-    ORDER BY unit_id COLLATE \"C\" LIMIT ?3",
+      AND (run_id COLLATE \"C\", unit_id COLLATE \"C\")
+          > (CAST(?1 AS TEXT) COLLATE \"C\", CAST(?2 AS TEXT) COLLATE \"C\")
+    ORDER BY run_id COLLATE \"C\", unit_id COLLATE \"C\" LIMIT ?3",
 );
 /// Every unit of a run as a bulk move reads it (`unit_id, status, attempts` and the latest
 /// attempt's dispatch id), in unit order: the run's range of both primary keys.

@@ -162,8 +162,9 @@ fn the_write_path_probes_by_key_on_a_fresh_schema() {
         "generation":null,"trace_context":null}]"#
         .to_owned();
     let units = r#"[{"run_id":"r0","unit_id":"u5"},{"run_id":"r1","unit_id":"new"}]"#.to_owned();
-    let keys = r#"[{"attempt":1,"dispatch_id":"d1","run_id":"r0","unit_id":"u5"},
-        {"attempt":1,"dispatch_id":"d2","run_id":"r1","unit_id":"u6"}]"#
+    // One finish fails its attempt, so the plan includes reading the retry policy.
+    let keys = r#"[{"attempt":1,"dispatch_id":"d1","run_id":"r0","unit_id":"u5","failing":true},
+        {"attempt":1,"dispatch_id":"d2","run_id":"r1","unit_id":"u6","failing":false}]"#
         .to_owned();
     let beats = format!(
         r#"[{{"run_id":"r0","generation":{},"token_hash":"{}","heartbeat_at":1,"expires_at":2}}]"#,
@@ -242,6 +243,11 @@ fn the_one_key_statements_probe_by_key_on_a_fresh_schema() {
         (
             "SNAPSHOT_RUNNING_SQL",
             store_mod::sql::SNAPSHOT_RUNNING_SQL.postgres,
+            vec![&"r0", &"u5", &1_i64, &"d"],
+        ),
+        (
+            "SNAPSHOT_RUNNING_POLICY_SQL",
+            store_mod::sql::SNAPSHOT_RUNNING_POLICY_SQL.postgres,
             vec![&"r0", &"u5", &1_i64, &"d"],
         ),
         (

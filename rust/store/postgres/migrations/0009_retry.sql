@@ -8,8 +8,13 @@ ALTER TABLE units DROP CONSTRAINT units_status_check,
     ADD CONSTRAINT units_status_check CHECK (status IN
         ('pending', 'running', 'completed', 'failed', 'cancelled', 'timed_out', 'exhausted'));
 
+-- The ledger-wide index holds the same units as the run's under a predicate of its own, which
+-- only the ledger-wide read states: a read of one run cannot then take it. PostgreSQL 15 walks
+-- an index with a condition on a column after its first (the run), and it estimated that walk
+-- of every run's waiting units cheaper than the run's own range when the table's order follows
+-- the retry times. No retry time is the smallest BIGINT (it is a finish time plus a delay).
 CREATE INDEX units_retry_due ON units(retry_at, run_id COLLATE "C", unit_id COLLATE "C")
-    WHERE retry_at IS NOT NULL;
+    WHERE retry_at > -9223372036854775808;
 CREATE INDEX units_retry_due_run ON units(run_id COLLATE "C", retry_at, unit_id COLLATE "C")
     WHERE retry_at IS NOT NULL;
 CREATE INDEX units_exhausted ON units(run_id COLLATE "C", unit_id COLLATE "C")

@@ -176,8 +176,13 @@ impl RetryPolicy {
         if attempt >= self.max_attempts {
             AfterFailure::Exhausted
         } else {
+            // No later than the last instant the ledger writes: a retry time is read back
+            // as a date.
+            let last = crate::leases::MAX_CLOCK_MS + crate::leases::MAX_LEASE_MS;
             AfterFailure::RetryAt(
-                finished_at.saturating_add(self.delay_ms(run_id, unit_id, attempt)),
+                finished_at
+                    .saturating_add(self.delay_ms(run_id, unit_id, attempt))
+                    .min(last),
             )
         }
     }

@@ -455,22 +455,27 @@ def test_the_fence_counts_and_trace_context_travel_and_older_archives_restore(
     header = lines[0]
     assert header["tables"]["leases"][-3:] == ["takeovers", "refused_writes", "run_ended"]
     assert header["tables"]["attempts"][-1] == "trace_context"
-    assert header["tables"]["runs"][-3:] == ["not_before", "priority", "concurrency_key"]
+    assert header["tables"]["runs"][-4:] == [
+        "not_before",
+        "priority",
+        "concurrency_key",
+        "retry_policy",
+    ]
+    assert header["tables"]["steps"][-1] == "retry_policy"
+    assert header["tables"]["units"][-1] == "retry_at"
     # The same archive as a library before schema 6 wrote it.
     old = [dict(line) for line in lines]
+    cut = {"leases": 3, "attempts": 1, "runs": 4, "steps": 1, "units": 1}
     old[0] = {
         **header,
         "tables": {
             **header["tables"],
-            "leases": header["tables"]["leases"][:-3],
-            "attempts": header["tables"]["attempts"][:-1],
-            "runs": header["tables"]["runs"][:-3],
+            **{table: header["tables"][table][:-n] for table, n in cut.items()},
         },
     }
     for line in old[1:-1]:
-        line["leases"] = [row[:-3] for row in line["leases"]]
-        line["attempts"] = [row[:-1] for row in line["attempts"]]
-        line["runs"] = [row[:-3] for row in line["runs"]]
+        for table, n in cut.items():
+            line[table] = [row[:-n] for row in line[table]]
     (tmp_path / "old.jsonl").write_text("".join(json.dumps(x) + "\n" for x in old))
 
     with fp.Ledger.open(target, clock=clock) as ledger:

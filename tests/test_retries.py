@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import math
+import pathlib
 from typing import Any
 
 import pytest
@@ -461,3 +463,36 @@ def test_a_ledger_from_before_retries_migrates_and_exhausts(target: str, clock: 
         new = a_run(ledger, {"max_attempts": 1, "initial_ms": 0}, run_id="new")
         fail(ledger, reserve(ledger, new.run_id, "u"))
         assert [u.unit_id for u in ledger.exhausted_units()] == ["u"]
+
+
+def test_policies_retry_times_and_dead_letters_travel_in_archives(
+    target: str, clock: FakeClock, tmp_path: pathlib.Path
+) -> None:
+    day = dt.timedelta(days=1)
+    with fp.Ledger.open(target, clock=clock) as ledger:
+        run = a_run(
+            ledger,
+            {"max_attempts": 2, "initial_ms": 50, "jitter": 0.5},
+            run_id="gone",
+            steps=[{"id": "s", "retry": {"max_attempts": 1, "initial_ms": 0}}, {"id": "t"}],
+        )
+        fail(ledger, reserve(ledger, run.run_id, "dead"))
+        fail(ledger, reserve(ledger, run.run_id, "waiting", step_id="t"))
+        before = {u.unit_id: u for u in ledger.units("gone")}
+        assert before["dead"].status == "exhausted" and before["waiting"].retry_at is not None
+        assert ledger.abandon_run("gone")
+        clock.advance(40 * 86_400_000)
+        assert ledger.prune(older_than=30 * day, archive=tmp_path / "a.jsonl").runs == 1
+        assert ledger.unit("gone", "dead") is None
+        assert ledger.restore(tmp_path / "a.jsonl") == 1
+        assert {u.unit_id: u for u in ledger.units("gone")} == before
+        assert [u.unit_id for u in ledger.exhausted_units("gone")] == ["dead"]
+    # A policy the ledger would not have written is refused, naming the column.
+    lines = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
+    at = lines[0]["tables"]["runs"].index("retry_policy")
+    lines[1]["runs"][0][at] = '{"max_attempts":0}'
+    (tmp_path / "bad.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with fp.Ledger.open(target, clock=clock) as ledger:
+        ledger.prune(older_than=30 * day)
+        with pytest.raises(fp.InvalidArgument, match="runs.retry_policy"):
+            ledger.restore(tmp_path / "bad.jsonl")

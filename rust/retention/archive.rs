@@ -26,7 +26,7 @@ pub const FORMAT: i64 = 1;
 /// them takes on restore: an older archive's header lists the table's columns without them (a
 /// prefix of today's), and its rows are as wide as its header. Appended only at a table's end,
 /// so what an older header lists is always a prefix.
-pub const ADDED_COLUMNS: [(&str, &str, Cell); 7] = [
+pub const ADDED_COLUMNS: [(&str, &str, Cell); 10] = [
     ("attempts", "trace_context", Cell::Null),
     ("leases", "takeovers", Cell::Int(0)),
     ("leases", "refused_writes", Cell::Int(0)),
@@ -35,6 +35,10 @@ pub const ADDED_COLUMNS: [(&str, &str, Cell); 7] = [
     ("runs", "concurrency_key", Cell::Null),
     // Every archived run has ended (only terminal trees are pruned).
     ("leases", "run_ended", Cell::Int(1)),
+    // No retry policy, and no unit waiting for a retry.
+    ("runs", "retry_policy", Cell::Null),
+    ("steps", "retry_policy", Cell::Null),
+    ("units", "retry_at", Cell::Null),
 ];
 
 /// One archived table: its columns in schema order, the column that ties a row to its run (or
@@ -117,6 +121,7 @@ pub const RUN_TABLES: [Table; 6] = [
             "not_before",
             "priority",
             "concurrency_key",
+            "retry_policy",
         ],
         key: "run_id",
         order: "run_id",
@@ -135,6 +140,7 @@ pub const RUN_TABLES: [Table; 6] = [
             "evidence",
             "summary",
             "completed_at",
+            "retry_policy",
         ],
         key: "run_id",
         order: "run_id, step_id",
@@ -163,6 +169,7 @@ pub const RUN_TABLES: [Table; 6] = [
             "first_started_at",
             "started_at",
             "finished_at",
+            "retry_at",
         ],
         key: "run_id",
         order: "run_id, unit_id",

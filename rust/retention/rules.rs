@@ -50,6 +50,8 @@ pub enum Kind {
     Enum(fn(&str) -> bool),
     /// A blob's bytes: canonical JSON.
     Bytes,
+    /// A retry policy as the ledger stores it.
+    Policy,
 }
 
 /// A column's kind and whether it may be NULL.
@@ -126,6 +128,7 @@ pub fn column(table: &str, column: &str) -> Option<Column> {
             (Kind::Json, OPT)
         }
         ("events", "payload") => (Kind::Json, REQ),
+        ("runs" | "steps", "retry_policy") => (Kind::Policy, OPT),
         ("blobs" | "definitions" | "runs", "created_at")
         | ("runs", "updated_at")
         | ("units", "first_started_at" | "started_at")
@@ -134,6 +137,7 @@ pub fn column(table: &str, column: &str) -> Option<Column> {
         ("runs" | "steps", "completed_at")
         | ("runs", "not_before")
         | ("units" | "attempts", "finished_at")
+        | ("units", "retry_at")
         | ("leases", "acquired_at" | "heartbeat_at" | "expires_at") => (Kind::Time, OPT),
         ("steps", "title" | "instructions") => (Kind::Prose, REQ),
         (_, "claim_holder") => (Kind::Prose, OPT),
@@ -242,6 +246,9 @@ fn text_fault(field: Field<'_>, s: &str, kind: Kind) -> Option<String> {
         Kind::Enum(known) => {
             (!known(s)).then(|| format!("{field} {} is not a value the ledger writes", cell()))
         }
+        Kind::Policy => (crate::retry::RetryPolicy::from_text(s).map(|p| p.to_text())
+            != Some(s.to_owned()))
+        .then(|| format!("{field} {} is not a retry policy the ledger writes", cell())),
         Kind::Time | Kind::Int(..) | Kind::Bytes => None,
     }
 }

@@ -479,7 +479,8 @@ def test_policies_retry_times_and_dead_letters_travel_in_archives(
         fail(ledger, reserve(ledger, run.run_id, "dead"))
         fail(ledger, reserve(ledger, run.run_id, "waiting", step_id="t"))
         before = {u.unit_id: u for u in ledger.units("gone")}
-        assert before["dead"].status == "exhausted" and before["waiting"].retry_at is not None
+        assert before["dead"].status == "exhausted"
+        assert before["waiting"].retry_at is not None
         assert ledger.abandon_run("gone")
         clock.advance(40 * 86_400_000)
         assert ledger.prune(older_than=30 * day, archive=tmp_path / "a.jsonl").runs == 1
@@ -494,5 +495,5 @@ def test_policies_retry_times_and_dead_letters_travel_in_archives(
     (tmp_path / "bad.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     with fp.Ledger.open(target, clock=clock) as ledger:
         ledger.prune(older_than=30 * day)
-        with pytest.raises(fp.InvalidArgument, match="runs.retry_policy"):
+        with pytest.raises(fp.InvalidArgument, match=r"runs\.retry_policy"):
             ledger.restore(tmp_path / "bad.jsonl")

@@ -29,6 +29,12 @@ pub enum Notice {
     /// A group of `size` calls committed as one transaction (queued only while
     /// [`set_groups`] is on: it is one notice per commit).
     Group { size: u64 },
+    /// A failed attempt used up its unit's retry policy (held until its transaction commits).
+    Exhausted {
+        run_id: String,
+        unit_id: String,
+        attempts: i64,
+    },
 }
 
 /// The most notices kept before the oldest are dropped (counted in [`dropped`]).
@@ -97,6 +103,35 @@ pub fn busy_retry(waited_ms: u64) {
         });
     }
     PENDING.store(true, Ordering::Release);
+}
+
+thread_local! {
+    /// Notices of the write transaction running on this thread, queued only if it commits:
+    /// a rolled-back transaction (or a try run again after contention) reports nothing.
+    static HELD: std::cell::RefCell<Vec<Notice>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Hold `notice` until the write transaction running on this thread ends: [`settle_held`]
+/// queues it if the transaction committed.
+pub fn hold(notice: Notice) {
+    HELD.with(|h| h.borrow_mut().push(notice));
+}
+
+/// Forget what the transaction running on this thread held (it starts, or starts over).
+pub fn forget_held() {
+    HELD.with(|h| h.borrow_mut().clear());
+}
+
+/// The transaction running on this thread ended: queue what it held if it `committed`.
+pub fn settle_held(committed: bool) {
+    let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
+    if committed && !held.is_empty() {
+        let mut q = queue();
+        for notice in held {
+            q.push(notice);
+        }
+        PENDING.store(true, Ordering::Release);
+    }
 }
 
 /// Whether anything is queued (cheap: one atomic load).

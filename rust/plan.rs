@@ -191,6 +191,14 @@ impl<'a> Judgment<'a> {
         if writes.is_empty() {
             return Ok(());
         }
+        // Reported once the transaction commits (see `observe::hold`).
+        for f in writes.finishes.iter().filter(|f| f.exhausted.is_some()) {
+            crate::observe::hold(crate::observe::Notice::Exhausted {
+                run_id: f.run_id.to_owned(),
+                unit_id: f.unit_id.to_owned(),
+                attempts: f.attempt,
+            });
+        }
         let mut writes: Writes<'_> = writes;
         if !late {
             return tx.write_rows(&writes).map_err(|e| tx.fail(&e));

@@ -182,8 +182,12 @@ def test_the_instruments_count_a_scripted_run(target: str, clock: FakeClock, ote
     with fp.Ledger.open(target, clock=clock) as ledger:
         run_id, _ = scripted(ledger, clock)
     named = {name for name, *_ in fencepost.otel.INSTRUMENTS}
-    # Every instrument recorded something, but busy retries: nothing contended.
-    assert set(otel.points()) == named - {"fencepost.store.busy_retries"}
+    # Every instrument recorded something, but busy retries and exhaustions: nothing contended,
+    # and the run has no retry policy.
+    assert set(otel.points()) == named - {
+        "fencepost.store.busy_retries",
+        "fencepost.units.exhausted",
+    }
     assert otel.total("fencepost.lease.takeovers") == 1
     assert otel.total("fencepost.fence.rejections") == STALE_WRITES
     assert otel.total("fencepost.fence.rejections", reason="superseded") == STALE_WRITES
@@ -213,6 +217,32 @@ def test_the_instruments_count_a_scripted_run(target: str, clock: FakeClock, ote
     assert claim.kind == trace.SpanKind.CLIENT
     assert claim.attributes["messaging.system"] == "fencepost"
     assert claim.attributes["fencepost.run_id"] == run_id
+
+
+def test_an_exhausted_unit_is_counted_and_logged_once_committed(
+    target: str, clock: FakeClock, otel: Otel, caplog: pytest.LogCaptureFixture
+) -> None:
+    once = {"max_attempts": 1, "initial_ms": 0}
+    with (
+        fp.Ledger.open(target, clock=clock) as ledger,
+        caplog.at_level(logging.DEBUG, logger="fencepost"),
+    ):
+        run = ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], force=True, retry=once)
+        rs = ledger.reserve_attempts(run.run_id, [{"unit_id": u, "step_id": "s"} for u in "abc"])
+        finish = [
+            {"run_id": r.run_id, "unit_id": r.unit_id, "attempt": r.attempt,
+             "dispatch_id": r.dispatch_id, "status": "failed"}
+            for r in rs
+        ]  # fmt: skip
+        assert ledger.finish_attempt(**finish[0])
+        assert ledger.finish_attempts(finish[1:]) == [True, True]
+        # A finish that loses exhausts nothing.
+        assert ledger.finish_attempts(finish) == [False, False, False]
+    assert otel.total("fencepost.units.exhausted") == 3
+    records = [r for r in caplog.records if r.__dict__.get("event") == "unit.exhausted"]
+    assert [r.__dict__["unit_id"] for r in records] == ["a", "b", "c"]
+    assert all(r.levelno == logging.WARNING and r.__dict__["attempts"] == 1 for r in records)
+    assert all(r.__dict__["run_id"] == run.run_id for r in records)
 
 
 def test_a_reserved_attempt_keeps_the_trace_context_and_links_back(

@@ -3,12 +3,12 @@
 
 The core calls these functions (``rust/py/observe.rs``): a takeover when a claim that took
 a lease reaches its caller, a refused write when its ``LeaseLost`` is raised, and the notices
-queued on the writer's threads (busy retries, reconnects, migrations, group sizes) on the next
-call's way back. Every record carries its fields as ``extra=`` attributes (``event`` names
+queued on the writer's threads (busy retries, reconnects, migrations, group sizes, units a
+failed attempt exhausted once their transaction committed) on the next call's way back. Every record carries its fields as ``extra=`` attributes (``event`` names
 what happened), so a structured handler gets them as data rather than parsing the message.
 
-Levels: a takeover, a refused write, a reconnect and a write that gave up on contention are
-``WARNING`` (each means something went wrong somewhere); a migration and a prune are ``INFO``
+Levels: a takeover, a refused write, a reconnect, a write that gave up on contention and an
+exhausted unit are ``WARNING`` (each means something went wrong somewhere); a migration and a prune are ``INFO``
 (once per open or per prune); busy retries are ``DEBUG`` (the retries in a row between two
 calls' returns are one record): under contention they are the hot path, and nothing there
 logs at ``INFO``.
@@ -33,6 +33,7 @@ class Sink(Protocol):
     def refused(self, reason: str) -> None: ...
     def busy_retries(self, count: int) -> None: ...
     def groups(self, sizes: Sequence[int]) -> None: ...
+    def exhausted(self) -> None: ...
 
 
 sink: Sink | None = None
@@ -112,6 +113,24 @@ def migrated(from_version: int, to_version: int) -> None:
         to_version,
         extra={"event": "schema.migrated", "from_version": from_version, "to_version": to_version},
     )
+
+
+def exhausted(run_id: str, unit_id: str, attempts: int) -> None:
+    logger.warning(
+        "run %s: unit %s is exhausted after %d attempts (its retry policy allows no more; "
+        "retry_units gives it one more)",
+        run_id,
+        unit_id,
+        attempts,
+        extra={
+            "event": "unit.exhausted",
+            "run_id": run_id,
+            "unit_id": unit_id,
+            "attempts": attempts,
+        },
+    )
+    if sink is not None:
+        sink.exhausted()
 
 
 def groups(sizes: Sequence[int]) -> None:

@@ -20,6 +20,7 @@ records these instruments:
 ``fencepost.attempt.reclaims``            counter    running attempts reserved again
 ``fencepost.commit.group_size``           histogram  calls per group-commit transaction
 ``fencepost.store.busy_retries``          counter    contended writes tried again
+``fencepost.units.exhausted``             counter    units a failed attempt exhausted
 ========================================  =========  =========================================
 
 ``outcome`` is ``ok``, ``refused`` (the ledger said no: a ``LedgerError`` other than the
@@ -89,6 +90,8 @@ INSTRUMENTS: Final = (
     ("fencepost.commit.group_size", "histogram", "{call}",
      "Calls committed together in one group-commit transaction"),
     ("fencepost.store.busy_retries", "counter", "{retry}", "Contended writes tried again"),
+    ("fencepost.units.exhausted", "counter", "{unit}",
+     "Units whose failed attempt was the last their retry policy allows"),
 )  # fmt: skip
 """Every instrument: name, kind, unit, description."""
 
@@ -133,6 +136,7 @@ class _Telemetry:
         self.reclaims: Counter = counters["fencepost.attempt.reclaims"]
         self.group_size: Histogram = histograms["fencepost.commit.group_size"]
         self.retries: Counter = counters["fencepost.store.busy_retries"]
+        self.exhaustions: Counter = counters["fencepost.units.exhausted"]
 
     def live(self) -> bool:
         """Whether a provider is set (once one is, it stays: OpenTelemetry refuses to replace
@@ -167,6 +171,9 @@ class _Telemetry:
     def groups(self, sizes: Sequence[int]) -> None:
         for size in sizes:
             self.group_size.record(size)
+
+    def exhausted(self) -> None:
+        self.exhaustions.add(1)
 
     def start(self, name: str, run_id: str | None) -> trace.Span:
         attributes: dict[str, str] = {

@@ -40,6 +40,11 @@ pub fn flush(py: Python<'_>) {
             Notice::Reconnected { reason } => report(py, "reconnected", (reason,)),
             Notice::Migrated { from, to } => report(py, "migrated", (from, to)),
             Notice::Group { size } => groups.push(size),
+            Notice::Exhausted {
+                run_id,
+                unit_id,
+                attempts,
+            } => report(py, "exhausted", (run_id, unit_id, attempts)),
         }
     }
     if !groups.is_empty() {

@@ -639,12 +639,16 @@ pub trait Store: Send {
 
 impl dyn Store + '_ {
     /// [`Store::write_dyn`] returning the body's value.
+    /// What the body held for the operator (`observe::hold`) is reported once it commits.
     pub fn write<T>(&mut self, op: &str, mut body: impl FnMut(&dyn Tx) -> Result<T>) -> Result<T> {
         let mut out = None;
-        self.write_dyn(op, &mut |tx| {
+        let done = self.write_dyn(op, &mut |tx| {
+            crate::observe::forget_held();
             out = Some(body(tx)?);
             Ok(())
-        })?;
+        });
+        crate::observe::settle_held(done.is_ok());
+        done?;
         out.ok_or_else(|| unreachable_store(op))
     }
 

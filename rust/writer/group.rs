@@ -79,6 +79,7 @@ pub fn run_group(store: &mut dyn Store, ops: &[&Op]) -> (Vec<Result<Output>>, Ou
         // Run again after contention: start from nothing.
         outs.clear();
         order.clear();
+        crate::observe::forget_held();
         for run in &runs {
             tx.lock_run(run)?;
         }
@@ -94,6 +95,7 @@ pub fn run_group(store: &mut dyn Store, ops: &[&Op]) -> (Vec<Result<Output>>, Ou
         tx.set_operation(GROUP_OPERATION);
         Ok(())
     });
+    crate::observe::settle_held(done.is_ok());
     match done {
         Ok(()) => (
             outs,

@@ -3,15 +3,16 @@
 
 The core calls these functions (``rust/py/observe.rs``): a takeover when a claim that took
 a lease reaches its caller, a refused write when its ``LeaseLost`` is raised, and the notices
-queued on the writer's threads (busy retries, reconnects, migrations, group sizes, units a
-failed attempt exhausted once their transaction committed) on the next call's way back. Every record carries its fields as ``extra=`` attributes (``event`` names
-what happened), so a structured handler gets them as data rather than parsing the message.
+queued on the writer's threads (busy retries, reconnects, migrations, group sizes, and the
+units a failed attempt exhausted, once their transaction committed) on the next call's way
+back. Every record carries its fields as ``extra=`` attributes (``event`` names what
+happened), so a structured handler gets them as data rather than parsing the message.
 
 Levels: a takeover, a refused write, a reconnect, a write that gave up on contention and an
-exhausted unit are ``WARNING`` (each means something went wrong somewhere); a migration and a prune are ``INFO``
-(once per open or per prune); busy retries are ``DEBUG`` (the retries in a row between two
-calls' returns are one record): under contention they are the hot path, and nothing there
-logs at ``INFO``.
+exhausted unit are ``WARNING`` (each means something went wrong somewhere); a migration and a
+prune are ``INFO`` (once per open or per prune); busy retries are ``DEBUG`` (the retries in a
+row between two calls' returns are one record): under contention they are the hot path, and
+nothing there logs at ``INFO``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import fencepost as fp
-from tests.conftest import FakeClock, queued, raw_db
+from tests.conftest import FakeClock, cli, queued, raw_db
 from tests.test_store_migrate import UNDO_0009, UNDO_0009_SQLITE
 
 UTC = dt.UTC
@@ -497,3 +497,40 @@ def test_policies_retry_times_and_dead_letters_travel_in_archives(
         ledger.prune(older_than=30 * day)
         with pytest.raises(fp.InvalidArgument, match=r"runs\.retry_policy"):
             ledger.restore(tmp_path / "bad.jsonl")
+
+
+def test_the_cli_lists_retries_and_moves_units(tmp_path: pathlib.Path) -> None:
+    db = str(tmp_path / "cli.db")
+    # A clock that moves on every reading, so each unit is first reserved at its own time.
+    ticks = iter(range(1_764_720_000_000, 1_764_720_000_000 + 10_000, 10))
+    with fp.Ledger.open(db, clock=lambda: next(ticks)) as ledger:
+        run = a_run(ledger, {"max_attempts": 2, "initial_ms": 0}, run_id="run-cli")
+        fail(ledger, reserve(ledger, run.run_id, "due"))
+        for _ in range(2):
+            fail(ledger, reserve(ledger, run.run_id, "dead", force=True))
+        reserve(ledger, run.run_id, "busy")
+    due = cli("units", "--due", "--db", db, "--json")
+    assert due.returncode == 0, due.stderr
+    assert [u["unit_id"] for u in json.loads(due.stdout)] == ["due"]
+    dead = cli("units", "run-c", "--exhausted", "--db", db)
+    assert dead.returncode == 0, dead.stderr
+    assert "dead" in dead.stdout
+    assert "exhausted" in dead.stdout
+    assert "due " not in dead.stdout
+    page = cli("units", "run-cli", "--limit", "1", "--db", db, "--json")
+    assert [u["unit_id"] for u in json.loads(page.stdout)] == ["due"]
+    assert "--after run-cli/due" in page.stderr
+    rest = cli("units", "run-cli", "--after", "run-cli/due", "--db", db, "--json")
+    assert [u["unit_id"] for u in json.loads(rest.stdout)] == ["dead", "busy"]
+    retried = cli("retry", "run-cli", "dead", "--db", db)
+    assert retried.returncode == 0, retried.stderr
+    assert retried.stdout.strip() == "retried 1 unit of run run-cli"
+    missing = cli("retry", "run-cli", "nope", "--db", db)
+    assert missing.returncode == 1
+    assert "fencepost units run-cli" in missing.stderr
+    cancelled = cli("cancel-units", "run-cli", "--reason", "stop", "--db", db, "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout) == {"run_id": "run-cli", "cancelled": 3}
+    with fp.Ledger.open(db) as ledger:
+        assert {u.status for u in ledger.units("run-cli")} == {"cancelled"}
+    assert cli("units", "--db", db).returncode == 1

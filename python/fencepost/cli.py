@@ -145,6 +145,67 @@ def cmd_pause(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_units(args: argparse.Namespace, out: TextIO) -> int:
+    """A run's units, or the units due for a retry or exhausted (of a run, or of every run)."""
+    if args.run_prefix is None and not (args.due or args.exhausted):
+        raise Refused("give a run, or --due / --exhausted for the units of every run")
+    with open_existing(args.db) as ledger:
+        run_id = None if args.run_prefix is None else _resolve(ledger, args.run_prefix)
+        after = None
+        if args.after is not None:
+            after_run, _, after_unit = args.after.partition("/")
+            after = ledger.unit(_resolve(ledger, after_run), after_unit)
+            if after is None:
+                raise Refused(f"no unit {args.after!r}; give RUN/UNIT of the page's last unit")
+        if args.due:
+            units = ledger.due_units(run_id, limit=args.limit, after=after)
+        elif args.exhausted:
+            units = ledger.exhausted_units(run_id, limit=args.limit, after=after)
+        else:
+            assert run_id is not None
+            units = ledger.units(
+                run_id, limit=args.limit, after=None if after is None else after.unit_id
+            )
+    if args.json:
+        write_json(units, out)
+    else:
+        rows = [
+            (u.run_id, u.unit_id, u.step_id, u.status, u.attempts, iso(u.retry_at),
+             (u.failure_reason or "")[:60])
+            for u in units
+        ]  # fmt: skip
+        table(rows, ["RUN", "UNIT", "STEP", "STATUS", "ATTEMPTS", "RETRY AT", "REASON"], out)
+    if len(units) == args.limit:
+        last = units[-1]
+        sys.stderr.write(
+            f"{len(units)} units shown (--limit); the next page: "
+            f"--after {last.run_id}/{last.unit_id}\n"
+        )
+    return EXIT_OK
+
+
+def cmd_retry(args: argparse.Namespace, out: TextIO) -> int:
+    """retry_units or cancel_units on a run's units (those named, or all)."""
+    with open_existing(args.db) as ledger:
+        run_id = _resolve(ledger, args.run_prefix)
+        units = args.units or None
+        try:
+            if args.command == "retry":
+                moved = ledger.retry_units(run_id, units)
+            else:
+                moved = ledger.cancel_units(run_id, units, reason=args.reason)
+        except fp.NotFound as e:
+            raise Refused(f"{e}; `fencepost units {run_id}` lists the run's units") from e
+        except fp.RunNotActive as e:
+            raise Refused(str(e)) from e
+    done = "retried" if args.command == "retry" else "cancelled"
+    if args.json:
+        write_json({"run_id": run_id, done: moved}, out)
+    else:
+        out.write(f"{done} {moved} unit{'s' if moved != 1 else ''} of run {run_id}\n")
+    return EXIT_OK
+
+
 def _count(text: str) -> int:
     try:
         return int(text)
@@ -495,6 +556,32 @@ def parser() -> argparse.ArgumentParser:
         pa = sub.add_parser(name, parents=[common], help=says)
         pa.add_argument("workflow", metavar="WORKFLOW")
         pa.set_defaults(func=cmd_pause)
+
+    un = sub.add_parser(
+        "units", parents=[common], help="a run's units, or those due for a retry or exhausted"
+    )
+    un.add_argument("run_prefix", nargs="?", metavar="RUN_PREFIX", help="one run (default: all)")
+    which = un.add_mutually_exclusive_group()
+    which.add_argument("--due", action="store_true", help="failed units whose retry time came")
+    which.add_argument("--exhausted", action="store_true", help="units out of attempts")
+    un.add_argument(
+        "--limit", type=_page, default=1000, help="units per page (at most 10000; default 1000)"
+    )
+    un.add_argument("--after", metavar="RUN/UNIT", help="the page after this unit")
+    un.set_defaults(func=cmd_units)
+    rt = sub.add_parser(
+        "retry", parents=[common], help="make a run's failed and exhausted units due now"
+    )
+    rt.add_argument("run_prefix", metavar="RUN_PREFIX")
+    rt.add_argument("units", nargs="*", metavar="UNIT", help="only these units (default: all)")
+    rt.set_defaults(func=cmd_retry)
+    cu = sub.add_parser(
+        "cancel-units", parents=[common], help="cancel a run's units that are not done"
+    )
+    cu.add_argument("run_prefix", metavar="RUN_PREFIX")
+    cu.add_argument("units", nargs="*", metavar="UNIT", help="only these units (default: all)")
+    cu.add_argument("--reason", help="why, kept on each unit")
+    cu.set_defaults(func=cmd_retry)
 
     s = sub.add_parser("show", parents=[common], help="one run: steps, units, lease, accounting")
     s.add_argument("run_prefix", metavar="RUN_PREFIX")

@@ -350,6 +350,47 @@ def test_the_queue_by_lane_keys_and_pauses(
             assert answer.status == 400, (bad, answer.body)
 
 
+def test_the_retries_page_lists_due_and_exhausted_units(
+    filled: fp.Ledger, target: str, clock: FakeClock
+) -> None:
+    policy = {"max_attempts": 2, "initial_ms": 1_000}
+    for run_id in ("ra", "rb"):
+        filled.start_run("wf", scope_key=None, steps=STEPS, run_id=run_id, force=True, retry=policy)
+    for i in range(5):
+        run_id = "ra" if i % 2 else "rb"
+        r = filled.reserve_attempt(run_id, f"u{i}/x.y", step_id="plan")
+        filled.finish_attempt(run_id, r.unit_id, r.attempt, r.dispatch_id, status="failed")
+        clock.advance(10)
+    for run_id in ("ra", "rb"):
+        r = filled.reserve_attempt(run_id, "dead", step_id="plan", force=True)
+        filled.finish_attempt(run_id, "dead", 1, r.dispatch_id, status="failed")
+        r = filled.reserve_attempt(run_id, "dead", step_id="plan", force=True)
+        filled.finish_attempt(run_id, "dead", 2, r.dispatch_id, status="timed_out")
+    clock.advance(985)
+    with served(target, clock=clock) as srv:
+        due = get_json(srv, "/api/retries", limit=2)
+        # Due by now: the first four failures (the fifth is due in 5 ms).
+        order = [(u.run_id, u.unit_id) for u in filled.due_units()]
+        assert len(order) == 4
+        assert [(u["run_id"], u["unit_id"]) for u in due["units"]] == order[:2]
+        assert due["units"][0]["due_in_ms"] <= 0
+        rest = get_json(srv, "/api/retries", limit=2, after=due["next"])
+        assert [(u["run_id"], u["unit_id"]) for u in rest["units"]] == order[2:]
+        assert rest["next"] is None
+        of_ra = get_json(srv, "/api/retries", run="ra")
+        assert {u["run_id"] for u in of_ra["units"]} == {"ra"}
+        dead = get_json(srv, "/api/retries", kind="exhausted", limit=1)
+        assert [(u["run_id"], u["unit_id"], u["status"]) for u in dead["units"]] == [
+            ("ra", "dead", "exhausted")
+        ]
+        more = get_json(srv, "/api/retries", kind="exhausted", after=dead["next"])
+        assert [(u["run_id"], u["unit_id"]) for u in more["units"]] == [("rb", "dead")]
+        for bad in ({"kind": "soon"}, {"after": "x"}, {"kind": "exhausted", "after": "ra"}):
+            answer = request(srv, "/api/retries", params=bad)
+            assert answer.status == 400, (bad, answer.body)
+        assert request(srv, "/api/retries", params={"run": "nope"}).status == 404
+
+
 # ------------------------------------------------------------------ events
 
 

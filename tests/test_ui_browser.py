@@ -550,3 +550,83 @@ def test_queue_page(browser: Any, queue_dashboard: DashboardServer) -> None:
     page.until(lambda: card("due") == "53", "the due count to follow a claim", timeout=15)
     assert page.driver.execute_script("return window.__pwned === undefined")
     page.no_errors_logged()
+
+
+@pytest.fixture(scope="module")
+def retries_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DashboardServer]:
+    """A ledger with 60 units due for a retry over two runs (more than a page), one waiting
+    an hour, and three exhausted units, one of them named in markup."""
+    db = str(tmp_path_factory.mktemp("ui-retries") / "retries.db")
+    steps = [{"id": "s"}]
+    with fp.Ledger.open(db) as ledger:
+        for run_id in ("run-a", "run-b"):
+            ledger.start_run(
+                "wf", scope_key=None, steps=steps, run_id=run_id, force=True,
+                retry={"max_attempts": 2, "initial_ms": 0},
+            )  # fmt: skip
+        ledger.start_run(
+            "wf", scope_key=None, steps=steps, run_id="run-slow", force=True,
+            retry={"max_attempts": 2, "initial_ms": 3_600_000},
+        )  # fmt: skip
+
+        def fail(run_id: str, unit_id: str) -> None:
+            r = ledger.reserve_attempt(run_id, unit_id, step_id="s")
+            ledger.finish_attempt(
+                run_id, unit_id, r.attempt, r.dispatch_id, status="failed", failure_reason="boom"
+            )
+
+        for i in range(60):
+            fail("run-a" if i % 3 else "run-b", f"unit-{i:02}")
+        fail("run-slow", "later")
+        for run_id, unit_id in (("run-a", "dead-1"), ("run-b", "dead-2"), ("run-b", HOSTILE)):
+            fail(run_id, unit_id)
+            fail(run_id, unit_id)
+    with served(db) as server:
+        yield server
+
+
+def test_retries_page(browser: Any, retries_dashboard: DashboardServer) -> None:
+    page = Page(browser, retries_dashboard)
+    ledger = retries_dashboard.dashboard.ledger
+
+    def units() -> list[tuple[str, str]]:
+        rows = page.driver.execute_script(
+            "return [...document.querySelectorAll('table.retry-units tr.retry-unit')]"
+            ".map((r) => [r.dataset.run, r.dataset.unit])"
+        )
+        return [(run, unit) for run, unit in rows]
+
+    page.open("retries")
+    first = [(u.run_id, u.unit_id) for u in ledger.due_units(limit=50)]
+    page.until(lambda: units() == first, "the first page of due units, soonest first")
+    cells = _rows(page, "table.retry-units tr.retry-unit", "data-unit")[0][1]
+    assert (cells[3], cells[4]) == ("failed", "1")
+    assert cells[5].startswith("due, ")
+    assert cells[6] == "boom"
+    page.shot("retries")
+    _click(page, "a[rel=next]")
+    page.ready("retries")
+    assert len(first) == 50
+    page.until(lambda: len(units()) == 10 and set(units()).isdisjoint(first), "the second page")
+    assert ("run-slow", "later") not in units()
+    # The dead letters, by run and unit; the markup in a unit id is text.
+    _click(page, "a.tab[data-kind=exhausted]")
+    page.ready("retries")
+    dead = [("run-a", "dead-1"), ("run-b", HOSTILE), ("run-b", "dead-2")]
+    dead.sort()
+    page.until(lambda: units() == dead, "the exhausted units")
+    assert HOSTILE in [c[1] for _, c in _rows(page, "table.retry-units tr.retry-unit", "data-unit")]
+    # One run's, from its page's link.
+    page.open("run?id=run-b")
+    _click(page, "#run-retries")
+    page.ready("retries")
+    page.until(
+        lambda: units() and {run for run, _ in units()} == {"run-b"}, "run-b's due units only"
+    )
+    # A retry made meanwhile shows at the next refresh.
+    page.open("retries?kind=exhausted&run=run-a")
+    page.until(lambda: units() == [("run-a", "dead-1")], "run-a's exhausted unit")
+    assert ledger.retry_units("run-a", ["dead-1"]) == 1
+    page.until(lambda: units() == [], "the retried unit to leave the dead letters", timeout=15)
+    assert page.driver.execute_script("return window.__pwned === undefined")
+    page.no_errors_logged()

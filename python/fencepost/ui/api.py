@@ -599,6 +599,78 @@ def queue_page(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
     }
 
 
+def retries_page(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
+    """The units waiting on their retry policy: ``kind=due`` the failed units whose retry time
+    has come, soonest first, or ``kind=exhausted`` the units out of attempts, by run and unit;
+    of one run (``run``, its id) or of every run; ``after``: the cursor of the page
+    before. One read by its own index, whatever the ledger holds."""
+    limit = _limit(query)
+    kind = one(query, "kind") or "due"
+    if kind not in ("due", "exhausted"):
+        raise ApiError(400, f"kind must be due or exhausted, not {kind!r}")
+    run_id = _run(ledger, query, "run").run_id if one(query, "run") else None
+    after = _after_unit(one(query, "after"), kind)
+    if kind == "due":
+        units = ledger.due_units(run_id, limit=limit + 1, after=after)
+    else:
+        units = ledger.exhausted_units(run_id, limit=limit + 1, after=after)
+    shown = units[:limit]
+    rows = [
+        {
+            "run_id": u.run_id,
+            "unit_id": u.unit_id,
+            "step_id": u.step_id,
+            "status": u.status,
+            "attempts": u.attempts,
+            "failure_reason": u.failure_reason,
+            "retry_at": iso(u.retry_at),
+            "due_in_ms": None if u.retry_at is None else fp.models.to_ms(u.retry_at) - now_ms,
+        }
+        for u in shown
+    ]
+    return {
+        "now": iso(fp.models.from_ms(now_ms)),
+        "kind": kind,
+        "run": run_id,
+        "units": rows,
+        "next": _unit_cursor(shown[-1], kind) if len(units) > limit else None,
+        "limit": limit,
+    }
+
+
+def _unit_cursor(unit: fp.Unit, kind: str) -> str:
+    """The cursor of a page of units that ends at ``unit``: its place in the read's order,
+    ``RETRY_MS.RUN/UNIT`` for due units, ``RUN/UNIT`` for exhausted ones (a run id holds no
+    ``/``; a unit id may, so the unit is what follows the first one)."""
+    place = f"{unit.run_id}/{unit.unit_id}"
+    if kind == "due":
+        return f"{fp.models.to_ms(unit.retry_at) if unit.retry_at else 0}.{place}"
+    return place
+
+
+def _after_unit(cursor: str | None, kind: str) -> fp.Unit | None:
+    """``due_units``' or ``exhausted_units``' ``after`` for a cursor of :func:`_unit_cursor`: a
+    unit at that place (the reads look at nothing else of it)."""
+    if not cursor:
+        return None
+    retry_at = None
+    place = cursor
+    try:
+        if kind == "due":
+            ms, _, place = cursor.partition(".")
+            retry_at = fp.models.from_ms(int(ms))
+        run_id, slash, unit_id = place.partition("/")
+        if not (run_id and slash and unit_id):
+            raise ValueError(cursor)
+    except (ValueError, OverflowError, fp.InvalidArgument):
+        raise ApiError(400, f"not a unit cursor: {cursor!r}") from None
+    return fp.Unit(
+        run_id=run_id, unit_id=unit_id, step_id=None, phase="unit", status="failed",
+        attempts=0, result=None, tokens=None, failure_reason=None, claim_holder=None,
+        retry_at=retry_at,
+    )  # fmt: skip
+
+
 def _queue_cursor(run: fp.Run) -> str:
     """The cursor of a page of the queue that ends at ``run``: its place in the lane's order
     (priority, due time, id) as the page saw it."""

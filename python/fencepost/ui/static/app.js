@@ -364,7 +364,18 @@
         "div",
         { class: "head" },
         h("h1", null, h("span", { class: "crumb" }, h("a", { href: route("runs") }, "Runs"), " / "), h("span", { class: "id", id: "run-id" }, run.run_id)),
-        h("div", { class: "sub" }, pill(run.status), " ", h("span", { class: "wf" }, run.workflow_ref), run.scope_key ? [" in scope ", h("span", { class: "id" }, run.scope_key)] : null)
+        h(
+          "div",
+          { class: "sub" },
+          pill(run.status),
+          " ",
+          h("span", { class: "wf" }, run.workflow_ref),
+          run.scope_key ? [" in scope ", h("span", { class: "id" }, run.scope_key)] : null,
+          " · ",
+          h("a", { href: route("retries", { run: run.run_id }), id: "run-retries" }, "due units"),
+          " · ",
+          h("a", { href: route("retries", { run: run.run_id, kind: "exhausted" }) }, "exhausted units")
+        )
       )
     );
 
@@ -767,6 +778,63 @@
             ),
             { class: "queue-paused", empty: "No workflow is paused." }
           )
+        )
+      );
+      clear(body);
+      body.appendChild(fresh);
+    };
+    await draw();
+    const timer = setInterval(() => draw().catch((e) => live() && showError(e.message)), 5000);
+    teardown.push(() => clearInterval(timer));
+  };
+
+  // ---------------------------------------------------------------- retries
+
+  pages.retries = async function (view, params, live) {
+    const kind = params.get("kind") === "exhausted" ? "exhausted" : "due";
+    const run = params.get("run") || "";
+    const after = params.get("after") || "";
+    view.appendChild(
+      h(
+        "div",
+        { class: "head" },
+        h("h1", null, "Retries", run ? [h("span", { class: "crumb" }, " of "), runLink(run)] : null),
+        h("div", { class: "sub muted" }, "Refreshes every 5 s. Failed units whose retry time has come, and units out of attempts (dead letters). Read-only: ", h("code", null, "fencepost retry"), " and ", h("code", null, "fencepost cancel-units"), " move them.")
+      )
+    );
+    const body = h("div");
+    view.appendChild(body);
+    const base = run ? { run } : {};
+    const draw = async () => {
+      const data = await api("retries", { kind, run, after, limit: 50 });
+      if (!live()) return;
+      const tab = (name, label) =>
+        h("a", { class: "tab" + (kind === name ? " on" : ""), href: route("retries", { ...base, kind: name }), data: { kind: name } }, label);
+      const row = (u) =>
+        h(
+          "tr",
+          { class: "retry-unit", data: { run: u.run_id, unit: u.unit_id } },
+          h("td", null, runLink(u.run_id)),
+          h("td", null, h("span", { class: "id" }, u.unit_id)),
+          h("td", null, u.step_id === null ? dash(null) : h("span", { class: "id" }, u.step_id)),
+          h("td", null, pill(u.status)),
+          h("td", { class: "n" }, num(u.attempts)),
+          h("td", null, u.retry_at === null ? dash(null) : h("span", { title: u.retry_at }, "due, " + relative(u.due_in_ms))),
+          h("td", { class: "reason" }, dash(u.failure_reason))
+        );
+      const fresh = section(
+        run ? "Units of this run" : "Units of every run",
+        h("div", { class: "tabs" }, tab("due", "Due for a retry, soonest first"), tab("exhausted", "Exhausted, by run")),
+        table(["Run", "Unit", "Step", "Status", "Attempts", "Retry", "Last failure"], data.units.map(row), {
+          class: "retry-units",
+          empty: kind === "due" ? "No failed unit is due for a retry." : "No unit is exhausted.",
+        }),
+        h(
+          "div",
+          { class: "pager" },
+          run ? h("a", { class: "button", href: route("retries", { kind }) }, "All runs") : null,
+          after ? h("a", { class: "button", href: route("retries", { ...base, kind }) }, "« First page") : null,
+          data.next ? h("a", { class: "button", href: route("retries", { ...base, kind, after: data.next }), rel: "next" }, "Next page ›") : null
         )
       );
       clear(body);

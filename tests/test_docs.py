@@ -1,6 +1,6 @@
-"""The guides' Python examples run: docs/controller.md's blocks, in order, as one script with
-a ledger that has a queue to look at (a key with a limit, queued runs), so the guide cannot
-drift from the API without failing CI."""
+"""The guides' Python examples run, so a guide cannot drift from the API without failing CI:
+docs/controller.md's blocks, in order, as one script with a ledger that has a queue to look at
+(a key with a limit, queued runs); docs/retries.md's blocks, which make their own ledger."""
 
 from __future__ import annotations
 
@@ -44,3 +44,18 @@ def test_the_controller_guide_runs(tmp_path: pathlib.Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "tenant-42: 0/3 live, 2 queued, has room" in done.stdout
+
+
+def test_the_retries_guide_runs(tmp_path: pathlib.Path) -> None:
+    """docs/retries.md's blocks, in order, as one script: its own asserts check what each
+    step says happens."""
+    text = (REPO / "docs" / "retries.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 5
+    script = tmp_path / "retries.py"
+    script.write_text("\n".join(blocks), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("not before 2026-01-01 00:00:01+00:00"), done.stdout

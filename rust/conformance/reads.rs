@@ -612,6 +612,9 @@ fn unit_retries_are_read_by_index(store: &mut dyn Store) {
         .expect("fill units");
     analyze(store);
     let min = i64::MIN;
+    // PostgreSQL may fetch a run's due units by the run's own index and sort them when it
+    // estimates them fewer than a page (it estimates a row-value bound poorly): that costs the
+    // run's waiting units, never the ledger's. Every other read is walked in its index's order.
     for (what, statement, args, index) in [
         (
             "the due units' first page",
@@ -646,13 +649,16 @@ fn unit_retries_are_read_by_index(store: &mut dyn Store) {
     ] {
         let p = plan(store, statement, args);
         assert!(p.contains(index), "{what}: by {index}:\n{p}");
+        let sorted_ok = what == "a run's due units" && p.contains("Bitmap Index Scan");
         let walks = p.lines().any(|l| {
             (l.contains("SCAN units")
                 && !l.contains("units_retry_due")
                 && !l.contains("units_exhausted"))
                 || l.contains("Seq Scan on units")
                 || l.contains("TEMP B-TREE")
-                || l.contains("Sort")
+                || (l.contains("Sort") && !sorted_ok)
+                || l.contains("units_pkey")
+                || l.contains("units_first_started")
         });
         assert!(!walks, "{what}: no scan of the units, no sort:\n{p}");
     }

@@ -486,10 +486,11 @@ pub const DUE_UNITS_SQL: Sql = Sql::split(
     ORDER BY retry_at, run_id COLLATE \"C\", unit_id COLLATE \"C\" LIMIT ?5",
 );
 /// [`DUE_UNITS_SQL`] of one run (?1): due by ?2, after (?3 retry time, ?4 unit), at most ?5;
-/// a range of `units_retry_due_run`. The order names the run first, as that index does (the run
-/// is fixed, so the order is the same), and PostgreSQL's bounds are row values led by the run,
-/// which only that index can take as its range: with the retry time alone bounded, PostgreSQL
-/// estimated the ledger-wide index cheaper and walked every other run's waiting units.
+/// a range of `units_retry_due_run` (see the migration for how PostgreSQL is kept to it: the
+/// ledger-wide index has a predicate this read does not state, and the run is matched in its
+/// column's own collation). SQLite orders by the run first, as that index does (the run is
+/// fixed, so the order is the same): ordered by retry time alone it may take the ledger-wide
+/// index and pass over every other run's waiting units.
 pub const DUE_UNITS_RUN_SQL: Sql = Sql::split(
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder, retry_at FROM units
@@ -498,12 +499,10 @@ pub const DUE_UNITS_RUN_SQL: Sql = Sql::split(
     ORDER BY run_id, retry_at, unit_id LIMIT ?5",
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder, retry_at FROM units
-    WHERE run_id COLLATE \"C\" = CAST(?1 AS TEXT) AND retry_at IS NOT NULL
-      AND (run_id COLLATE \"C\", retry_at)
-          <= (CAST(?1 AS TEXT) COLLATE \"C\", CAST(?2 AS BIGINT))
-      AND (run_id COLLATE \"C\", retry_at, unit_id COLLATE \"C\")
-          > (CAST(?1 AS TEXT) COLLATE \"C\", CAST(?3 AS BIGINT), CAST(?4 AS TEXT) COLLATE \"C\")
-    ORDER BY run_id COLLATE \"C\", retry_at, unit_id COLLATE \"C\" LIMIT ?5",
+    WHERE run_id = CAST(?1 AS TEXT) AND retry_at IS NOT NULL
+      AND retry_at <= CAST(?2 AS BIGINT)
+      AND (retry_at, unit_id COLLATE \"C\") > (CAST(?3 AS BIGINT), CAST(?4 AS TEXT) COLLATE \"C\")
+    ORDER BY retry_at, unit_id COLLATE \"C\" LIMIT ?5",
 );
 /// The exhausted units of every run after the cursor (?1 run, ?2 unit), at most ?3: a range of
 /// `units_exhausted`, which holds them and no other unit.

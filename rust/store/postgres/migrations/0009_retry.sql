@@ -15,7 +15,11 @@ ALTER TABLE units DROP CONSTRAINT units_status_check,
 -- the retry times. No retry time is the smallest BIGINT (it is a finish time plus a delay).
 CREATE INDEX units_retry_due ON units(retry_at, run_id COLLATE "C", unit_id COLLATE "C")
     WHERE retry_at > -9223372036854775808;
-CREATE INDEX units_retry_due_run ON units(run_id COLLATE "C", retry_at, unit_id COLLATE "C")
+-- A run's due units: the run is matched by equality alone, so it is keyed in the column's own
+-- collation, which `units_first_started` (keyed under "C") cannot serve. Bounding the run with
+-- row values instead made PostgreSQL count each bound as a further filter, estimate a run of a
+-- thousand waiting units at ten, and fetch them all to sort.
+CREATE INDEX units_retry_due_run ON units(run_id, retry_at, unit_id COLLATE "C")
     WHERE retry_at IS NOT NULL;
 CREATE INDEX units_exhausted ON units(run_id COLLATE "C", unit_id COLLATE "C")
     WHERE status = 'exhausted';

@@ -1,0 +1,184 @@
+"""What retry policies cost, in one run:
+
+- the dispatcher's failing cycle (``reserve_attempt`` of a fresh unit, then ``finish_attempt``
+  with ``failed``) on a run without a policy and on a run with one, SQLite and PostgreSQL (the
+  ratio column of ``benches/ratios.py``: with a policy over without; the target is at most
+  1.05x). Under a policy the finish also reads the step's and run's policy and writes the
+  unit's ``retry_at``;
+- ``due_units`` and ``exhausted_units`` on a ledger of 10 000 units and on a large one
+  (100 000 by default, so the benches' CI pass stays quick; ``scripts/bench`` passes
+  ``FENCEPOST_BENCH_RETRY_UNITS=1000000``), SQLite and PostgreSQL: the first page, a page
+  from the middle of the due units, one run's page, and the dead letters (the ratio column:
+  the large ledger over the small one; the target is within 10%).
+
+The ledgers for the reads are made in SQL (100 runs started through the API, then their units
+inserted as the finishes would leave them: every unit failed under a policy, one in ten
+exhausted, and of the others half due (each at its own millisecond) and half due tomorrow), because a million reserve-and-fail cycles would take
+the benches' whole budget; the reads look at the units alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import fencepost as fp
+from benches.conftest import Clock, label, plaintext
+
+N = 200
+ROUNDS = 30
+SMALL = 10_000
+LARGE = int(os.environ.get("FENCEPOST_BENCH_RETRY_UNITS", "100000"))
+RUNS = 100
+PAGE = 100
+DAY_MS = 86_400_000
+POLICY = {"max_attempts": 5, "initial_ms": 1_000, "jitter": 0.2}
+# The reads' ledgers' clock: their units failed a minute before it.
+NOW = 1_767_225_600_000
+_ids = itertools.count()
+
+
+@pytest.fixture(params=["fencepost", "fencepost-postgres"])
+def target(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[str]:
+    """A fresh SQLite file or PostgreSQL schema (plaintext, as the other PostgreSQL benches)."""
+    from tests.conftest import pg_schema
+
+    if request.param == "fencepost-postgres":
+        with pg_schema() as url:
+            yield plaintext(url)
+        return
+    yield str(tmp_path / "retries.db")
+
+
+@pytest.mark.parametrize("policy", [False, True], ids=["no policy", "policy"])
+def bench_failing_cycle(benchmark: Any, target: str, policy: bool) -> None:
+    backend = "postgres" if target.startswith("postgresql://") else "sqlite"
+    label(
+        benchmark,
+        f"retries: reserve + failing finish, {backend} (2 tx)",
+        "fencepost + retry policy" if policy else "fencepost",
+        N,
+    )
+    with fp.Ledger.open(target) as ledger:
+
+        def setup() -> tuple[tuple[str, list[str]], dict[str, Any]]:
+            run = ledger.start_run(
+                "bench", scope_key=None, steps=[{"id": "s"}], run_id=f"r{next(_ids)}",
+                force=True, retry=POLICY if policy else None,
+            )  # fmt: skip
+            return (run.run_id, [f"unit-{i:05d}" for i in range(N)]), {}
+
+        def go(run: str, units: list[str]) -> None:
+            for u in units:
+                r = ledger.reserve_attempt(run, u, step_id="s", holder="w1")
+                assert ledger.finish_attempt(run, u, r.attempt, r.dispatch_id, status="failed")
+
+        benchmark.pedantic(go, setup=setup, rounds=ROUNDS)
+        waiting = ledger.due_units(limit=1) or ledger.units(ledger.list_runs()[0].run_id, limit=1)
+        assert (waiting[0].retry_at is not None) == policy
+
+
+# ------------------------------------------------------------------ reads at size
+
+_FILL = """
+INSERT INTO units (run_id, unit_id, step_id, phase, status, attempts, first_started_at,
+    started_at, finished_at, retry_at)
+WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < ? - 1)
+SELECT 'r' || CAST(i % 100 AS TEXT), 'u' || CAST(i AS TEXT), 's', 'unit',
+    CASE WHEN i % 10 = 9 THEN 'exhausted' ELSE 'failed' END, 1, ? - 60000, ? - 60000,
+    ? - 60000,
+    CASE WHEN i % 10 = 9 THEN NULL WHEN i % 2 = 0 THEN ? - 1000000 + i ELSE ? + ? + i END
+FROM n
+"""
+
+
+def _build(target: str, units: int, clock: Clock) -> None:
+    from tests.conftest import raw_db
+
+    now = clock()
+    with fp.Ledger.open(target, clock=clock) as ledger:
+        for r in range(RUNS):
+            ledger.start_run(
+                "bench", scope_key=None, steps=[{"id": "s"}], run_id=f"r{r}", force=True,
+                retry=POLICY,
+            )  # fmt: skip
+    fill = _FILL
+    if target.startswith("postgresql://"):
+        fill = fill.replace("%", "%%")  # psycopg's placeholders: a literal % is doubled
+    with raw_db(target) as db:
+        db.execute(fill, (units, now, now, now, now, now, DAY_MS))
+        db.execute("ANALYZE")
+        db.commit()
+
+
+@pytest.fixture(scope="module", params=[SMALL, LARGE], ids=["small", "large"])
+def pg_built(request: pytest.FixtureRequest) -> Iterator[tuple[str, int, Clock]]:
+    """A PostgreSQL ledger of ``units`` units waiting on their policy, made once per size."""
+    from tests.conftest import pg_schema
+
+    units = int(request.param)
+    clock = Clock()
+    clock.now_ms = NOW
+    with pg_schema() as url:
+        _build(plaintext(url), units, clock)
+        yield plaintext(url), units, clock
+
+
+def _name(backend: str, units: int) -> str:
+    base = "fencepost" if backend == "sqlite" else "fencepost-postgres"
+    return base if units == SMALL else f"{base} @{units // 1000}k units"
+
+
+@pytest.fixture(scope="module", params=[SMALL, LARGE], ids=["small", "large"])
+def sqlite_built(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, int, Clock]:
+    """The same ledger on SQLite."""
+    units = int(request.param)
+    clock = Clock()
+    clock.now_ms = NOW
+    path = str(tmp_path_factory.mktemp("retries-reads") / "reads.db")
+    _build(path, units, clock)
+    return path, units, clock
+
+
+def _reads(benchmark: Any, target: str, units: int, clock: Clock, backend: str) -> None:
+    """Every read of the group in one round: the first page of due units, a page from the
+    middle of them, one run's page and the dead letters' first page."""
+    label(
+        benchmark,
+        f"retries: due and exhausted pages, {backend} (4 reads)",
+        _name(backend, units),
+        4,
+    )
+    with fp.Ledger.open(target, clock=clock) as ledger:
+        # A place half-way through the due units (unit i is due at NOW - 1 000 000 + i ms):
+        # the page after it costs what the first does.
+        middle = fp.Unit(
+            run_id="r50", unit_id="u", step_id=None, phase="unit", status="failed", attempts=1,
+            result=None, tokens=None, failure_reason=None, claim_holder=None,
+            retry_at=fp.models.from_ms(NOW - 1_000_000 + units // 2),
+        )  # fmt: skip
+
+        def go() -> None:
+            assert len(ledger.due_units(limit=PAGE)) == PAGE
+            assert len(ledger.due_units(limit=PAGE, after=middle)) == PAGE
+            assert len(ledger.due_units("r8", limit=PAGE)) == PAGE
+            assert len(ledger.exhausted_units(limit=PAGE)) == PAGE
+
+        benchmark.pedantic(go, rounds=ROUNDS, warmup_rounds=2)
+
+
+def bench_retry_reads_sqlite(benchmark: Any, sqlite_built: tuple[str, int, Clock]) -> None:
+    path, units, clock = sqlite_built
+    _reads(benchmark, path, units, clock, "sqlite")
+
+
+def bench_retry_reads_postgres(benchmark: Any, pg_built: tuple[str, int, Clock]) -> None:
+    url, units, clock = pg_built
+    _reads(benchmark, url, units, clock, "postgres")

@@ -13,8 +13,9 @@
 
 The ledgers for the reads are made in SQL (100 runs started through the API, then their units
 inserted as the finishes would leave them: every unit failed under a policy, one in ten
-exhausted, and of the others half due (each at its own millisecond) and half due tomorrow), because a million reserve-and-fail cycles would take
-the benches' whole budget; the reads look at the units alone.
+exhausted, and of the others half due, each at its own millisecond, and half due tomorrow),
+because a million reserve-and-fail cycles would take the benches' whole budget; the reads look
+at the units alone.
 """
 
 from __future__ import annotations
@@ -129,9 +130,9 @@ def pg_built(request: pytest.FixtureRequest) -> Iterator[tuple[str, int, Clock]]
         yield plaintext(url), units, clock
 
 
-def _name(backend: str, units: int) -> str:
-    base = "fencepost" if backend == "sqlite" else "fencepost-postgres"
-    return base if units == SMALL else f"{base} @{units // 1000}k units"
+def _name(units: int) -> str:
+    """The small ledger is the group's base (``fencepost``), the large one is compared to it."""
+    return "fencepost" if units == SMALL else f"fencepost @{units // 1000}k units"
 
 
 @pytest.fixture(scope="module", params=[SMALL, LARGE], ids=["small", "large"])
@@ -153,7 +154,7 @@ def _reads(benchmark: Any, target: str, units: int, clock: Clock, backend: str) 
     label(
         benchmark,
         f"retries: due and exhausted pages, {backend} (4 reads)",
-        _name(backend, units),
+        _name(units),
         4,
     )
     with fp.Ledger.open(target, clock=clock) as ledger:

@@ -534,3 +534,33 @@ def test_the_cli_lists_retries_and_moves_units(tmp_path: pathlib.Path) -> None:
     with fp.Ledger.open(db) as ledger:
         assert {u.status for u in ledger.units("run-cli")} == {"cancelled"}
     assert cli("units", "--db", db).returncode == 1
+
+
+def test_async_ledger_retries(target: str, clock: FakeClock) -> None:
+    import asyncio
+
+    from fencepost.aio import AsyncLedger
+
+    async def main() -> tuple[list[str], list[str], int, int]:
+        async with await AsyncLedger.open(target, clock=clock) as ledger:
+            run = await ledger.start_run(
+                "wf", scope_key=None, force=True, steps=[{"id": "s"}],
+                retry={"max_attempts": 2, "initial_ms": 0},
+            )  # fmt: skip
+            for unit in ("a", "b"):
+                r = await ledger.reserve_attempt(run.run_id, unit, step_id="s")
+                await ledger.finish_attempt(
+                    run.run_id, unit, r.attempt, r.dispatch_id, status="failed"
+                )
+            r = await ledger.reserve_attempt(run.run_id, "b", step_id="s")
+            await ledger.finish_attempt(run.run_id, "b", r.attempt, r.dispatch_id, status="failed")
+            due = [u.unit_id for u in await ledger.due_units(run.run_id)]
+            dead = [u.unit_id for u in await ledger.exhausted_units()]
+            return (
+                due,
+                dead,
+                await ledger.retry_units(run.run_id),
+                await ledger.cancel_units(run.run_id),
+            )
+
+    assert asyncio.run(main()) == (["a"], ["b"], 2, 2)

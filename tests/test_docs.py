@@ -1,6 +1,7 @@
 """The guides' Python examples run, so a guide cannot drift from the API without failing CI:
 docs/controller.md's blocks, in order, as one script with a ledger that has a queue to look at
-(a key with a limit, queued runs); docs/retries.md's blocks, which make their own ledger."""
+(a key with a limit, queued runs); docs/retries.md's and docs/orchestrator.md's blocks, which
+make their own ledgers."""
 
 from __future__ import annotations
 
@@ -59,3 +60,17 @@ def test_the_retries_guide_runs(tmp_path: pathlib.Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("not before 2026-01-01 00:00:01+00:00"), done.stdout
+
+
+def test_the_orchestrator_guide_runs(tmp_path: pathlib.Path) -> None:
+    """docs/orchestrator.md's blocks, in order, as one script."""
+    text = (REPO / "docs" / "orchestrator.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 2
+    script = tmp_path / "orchestrator.py"
+    script.write_text("\n".join(blocks), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "'by_status': {'completed': 3}" in done.stdout, done.stdout

@@ -443,8 +443,9 @@ def test_a_child_run_takes_its_own_policy(ledger: fp.Ledger) -> None:
 
 
 def test_a_ledger_from_before_retries_migrates_and_exhausts(target: str, clock: FakeClock) -> None:
-    """A ledger at schema 8 with a failed unit: 0009 adds the policy columns and admits
-    ``exhausted`` (SQLite's CHECK is widened in place), and the old unit keeps its state."""
+    """A ledger at schema 8 with a failed unit (0010 taken away too): 0009 adds the policy
+    columns and admits ``exhausted`` (SQLite's CHECK is widened in place), and the old unit
+    keeps its state."""
     with fp.Ledger.open(target, clock=clock) as ledger:
         old = a_run(ledger, None, run_id="old")
         fail(ledger, reserve(ledger, old.run_id, "u"))
@@ -455,7 +456,7 @@ def test_a_ledger_from_before_retries_migrates_and_exhausts(target: str, clock: 
             db.execute(UNDO_0009)
         db.execute("DELETE FROM schema_migrations WHERE version >= 9")
     with fp.Ledger.open(target, clock=clock) as ledger:
-        assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 9
+        assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 10
         u = ledger.unit("old", "u")
         assert u is not None
         assert (u.status, u.retry_at, u.attempts) == ("failed", None, 1)

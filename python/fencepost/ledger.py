@@ -23,6 +23,7 @@ from fencepost.models import (
     Accounting,
     AdoptedPreparation,
     Attempt,
+    ChildSummary,
     Claim,
     ClaimedPreparation,
     Event,
@@ -491,6 +492,20 @@ class Ledger:
     def child_runs(self, parent_run_id: str) -> list[Run]:
         """Children of a run, oldest first."""
         return self._core.child_runs(parent_run_id)
+
+    def child_summary(self, parent_run_id: str) -> ChildSummary:
+        """The parent's children counted by status (statuses with none left out), by the
+        database: one indexed read of the parent's children, no records built. ``settled`` when
+        none is live (none queued, starting, active, blocked or parked; or there are none).
+
+        The fan-in: when a child's end leaves its parent no live child, the parent gets a
+        ``children.settled`` event in the same transaction (payload ``by_status``, ``total``,
+        ``child_run_id``), whatever ended it, and again each time a new child ends the same
+        way; ``wait_events(parent_run_id, types=["children.settled"])`` waits for it.
+        ``RunNotFound`` for an unknown parent."""
+        by_status = dict(self._core.child_summary(parent_run_id))
+        live = sum(n for s, n in by_status.items() if s not in ("completed", "failed", "cancelled"))
+        return ChildSummary(total=sum(by_status.values()), by_status=by_status, settled=not live)
 
     def steps(self, run_id: str) -> list[Step]:
         """The run's steps in plan order; ``RunNotFound`` for an unknown run."""

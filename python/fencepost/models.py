@@ -38,6 +38,7 @@ __all__ = [
     "AdoptedPreparation",
     "Attempt",
     "AttemptStatus",
+    "ChildSummary",
     "Claim",
     "ClaimedPreparation",
     "Event",
@@ -151,6 +152,16 @@ class Step:
     evidence: Any
     summary: str | None
     completed_at: _dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSummary:
+    """A parent's children counted by status (``Ledger.child_summary``). ``settled``: none of
+    them is still live (or there are none), which is when ``children.settled`` is written."""
+
+    total: int
+    by_status: dict[str, int]
+    settled: bool
 
 
 @dataclass(frozen=True, slots=True)

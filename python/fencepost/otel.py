@@ -74,7 +74,7 @@ OPERATIONS: Final = (
     "leases", "events", "wait_events", "prune", "restore", "vacuum", "integrity_check",
     "orphan_attempts", "set_concurrency_limit", "concurrency_limits", "pause_workflow",
     "resume_workflow", "paused_workflows", "queued_runs", "queue_overview", "due_units",
-    "exhausted_units", "retry_units", "cancel_units",
+    "exhausted_units", "retry_units", "cancel_units", "child_summary",
 )  # fmt: skip
 """The operations that get a span and count in ``fencepost.operations``."""
 

@@ -20,7 +20,8 @@ conformance!(
     live_leases_are_read_by_index,
     next_queued_runs_are_read_by_index,
     scheduling_is_read_by_index,
-    unit_retries_are_read_by_index
+    unit_retries_are_read_by_index,
+    a_childs_end_probes_for_live_siblings
 );
 
 /// `p0` and 3 000 more runs (see [`many_runs`]).
@@ -662,4 +663,21 @@ fn unit_retries_are_read_by_index(store: &mut dyn Store) {
         });
         assert!(!walks, "{what}: no scan of the units, no sort:\n{p}");
     }
+}
+
+/// The fan-in's check, run by a trigger on every child's end: whether the parent has a live
+/// child left. It probes `runs_live_children`, which holds only the children that have not
+/// ended, so it costs the same after a parent's thousandth child as after its first (the
+/// statement here is the trigger's own condition; a trigger's plan cannot be asked for).
+fn a_childs_end_probes_for_live_siblings(store: &mut dyn Store) {
+    fill_runs(store);
+    let live = Sql::same(
+        "SELECT 1 FROM runs WHERE parent_run_id = ?1
+        AND status NOT IN ('completed', 'failed', 'cancelled')",
+    );
+    let p = plan(store, &live, params!["p0"]);
+    assert!(
+        p.contains("runs_live_children"),
+        "by runs_live_children:\n{p}"
+    );
 }

@@ -302,6 +302,17 @@ impl PyLedger {
         records::runs(py, runs)
     }
 
+    /// `(status, count)` pairs of the parent's children, in lifecycle order.
+    fn child_summary(
+        &self,
+        py: Python<'_>,
+        parent_run_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<(&'static str, i64)>> {
+        let parent = text(parent_run_id, "parent_run_id")?;
+        let counts = self.run(py, move |s, _| runs::child_summary(s, &parent))?;
+        Ok(counts.into_iter().map(|(s, n)| (s.as_str(), n)).collect())
+    }
+
     fn steps<'py>(
         &self,
         py: Python<'py>,

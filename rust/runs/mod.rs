@@ -18,7 +18,7 @@ pub use progress::{
 };
 pub(crate) use progress::{complete_step_in, set_status_in};
 pub use read::{
-    child_runs, find_active_run, find_scope_occupant, get_run, list_runs, resolve_run_id, steps,
-    RunCursor, RunFilter,
+    child_runs, child_summary, find_active_run, find_scope_occupant, get_run, list_runs,
+    resolve_run_id, steps, RunCursor, RunFilter,
 };
 pub(crate) use read::{must_read_run, run_from_row};

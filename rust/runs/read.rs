@@ -245,6 +245,21 @@ pub fn child_runs(store: &mut dyn Store, parent_run_id: &str) -> Result<Vec<Run>
     })
 }
 
+/// A parent's children by status (in lifecycle order, statuses with none left out), counted
+/// by the database; `RunNotFound` for an unknown parent. Its children have all ended (or it has
+/// none) when no status but a terminal one is counted: what `children.settled` announces.
+pub fn child_summary(store: &mut dyn Store, parent_run_id: &str) -> Result<Vec<(RunStatus, i64)>> {
+    store.read("counting child runs", |tx| {
+        run_state(tx, parent_run_id)?;
+        let mut counts: Vec<(RunStatus, i64)> =
+            tx.rows(&sql::CHILD_COUNTS_SQL, params![parent_run_id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?;
+        counts.sort_by_key(|(s, _)| RunStatus::ALL.iter().position(|a| a == s));
+        Ok(counts)
+    })
+}
+
 /// The run's steps in plan order.
 pub fn steps(store: &mut dyn Store, run_id: &str) -> Result<Vec<Step>> {
     store.read("listing steps", |tx| {

@@ -59,10 +59,11 @@ migrations! {
     7 "seq_floor" "0007_seq_floor.sql";
     8 "schedule" "0008_schedule.sql";
     9 "retry" "0009_retry.sql";
+    10 "fan_in" "0010_fan_in.sql";
 }
 
 /// The newest schema version this library knows.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// A backend's part of migrating: what cannot be said in one text for both dialects.
 #[derive(Debug)]

@@ -273,6 +273,10 @@ pub const CHILD_RUNS_SQL: Sql = Sql::same(concat!(
     "WHERE r.parent_run_id = ?1 ORDER BY r.created_at, r.run_id"
 ));
 
+/// A parent's children counted by status: the parent's range of `runs_parent`.
+pub const CHILD_COUNTS_SQL: Sql =
+    Sql::same("SELECT status, count(*) FROM runs WHERE parent_run_id = ?1 GROUP BY status");
+
 pub const LIST_STEPS_SQL: Sql = Sql::same(
     "SELECT run_id, step_id, title, instructions, sequence_index,
     status, notes, evidence, summary, completed_at FROM steps WHERE run_id = ?1

@@ -6,15 +6,20 @@ each backend, and 50 children ended at once by 8 processes settle their parent e
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import pathlib
+import subprocess
+import sys
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import fencepost as fp
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, raw_db
 from tests.processes import run_all
 
 STEPS = [{"id": "a"}, {"id": "b"}]
@@ -112,9 +117,13 @@ def test_a_waiter_wakes_on_the_settled_event(target: str, clock: FakeClock) -> N
 
 
 def _end(i: int, barrier: Any, queue: Any, target: str, kids: list[str]) -> None:
+    """End every child of this share but one, then, when every process is there, the last:
+    the parent's last eight live children end at the same moment, one per process."""
     with fp.Ledger.open(target) as ledger:
         barrier.wait()
-        ended = [ledger.abandon_run(k) for k in kids]
+        ended = [ledger.abandon_run(k) for k in kids[:-1]]
+        barrier.wait()
+        ended.append(ledger.abandon_run(kids[-1]))
     queue.put((i, ended))
 
 
@@ -131,6 +140,69 @@ def test_fifty_children_ended_at_once_settle_their_parent_once(target: str) -> N
         assert payload["by_status"] == {"cancelled": 50}
         assert payload["child_run_id"] in kids
         assert ledger.child_summary(parent).settled
+
+
+_END_HELD = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+db.execute(
+    "UPDATE runs SET status = 'cancelled', completed_at = 1, updated_at = 1 WHERE run_id = ?",
+    (sys.argv[2],),
+)
+print("ended", flush=True)
+sys.stdin.readline()
+db.execute("COMMIT")
+"""
+
+
+@contextlib.contextmanager
+def end_held_open(target: str, run_id: str) -> Iterator[None]:
+    """End ``run_id`` in a transaction held open while the body runs, committed after it: on
+    SQLite from another process (POSIX locks never conflict within one, and a second SQLite
+    library in this process would not see fencepost's), on PostgreSQL from a connection here."""
+    end = "UPDATE runs SET status = 'cancelled', completed_at = 1, updated_at = 1 WHERE run_id = ?"
+    if target.startswith("postgresql://"):
+        with raw_db(target) as db:
+            db.execute("BEGIN")
+            db.execute(end, (run_id,))
+            yield
+            db.execute("COMMIT")
+        return
+    with subprocess.Popen(
+        [sys.executable, "-c", _END_HELD, target, run_id],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stdout.readline().strip() == "ended"
+        yield
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(10) == 0
+
+
+def test_two_ends_in_flight_together_settle_the_parent_once(target: str) -> None:
+    """The race made certain: one child's end is held open in another connection while the
+    ledger ends the other child. The second end must wait for the first (PostgreSQL: the
+    parent's row lock; SQLite: the one writer) and then see it, or neither would see the other's
+    end and the parent would never hear."""
+    with fp.Ledger.open(target) as ledger:
+        parent = ledger.start_run("wf", scope_key=None, force=True, steps=STEPS).run_id
+        first, second = (child(ledger, parent, k).run_id for k in ("first", "second"))
+        ended: list[bool] = []
+        with end_held_open(target, first):
+            waiter = threading.Thread(target=lambda: ended.append(ledger.abandon_run(second)))
+            waiter.start()
+            time.sleep(0.5)
+            assert not ended, "the second end waited for the first"
+        waiter.join(30)
+        assert ended == [True]
+        [payload] = settled(ledger, parent)
+        assert payload["child_run_id"] == second
+        assert payload["by_status"] == {"cancelled": 2}
 
 
 def test_a_restored_tree_writes_no_event(

@@ -118,6 +118,27 @@ db.execute("ROLLBACK")
 
 
 @contextlib.contextmanager
+def held_by_script(script: str, *args: str, ready: str) -> Iterator[None]:
+    """Run ``script`` with ``args`` in another Python process until it prints ``ready``, run
+    the body, then send it a line (it ends what it holds) and wait for it to exit cleanly.
+    SQLite's locks are held this way, from another process: POSIX locks never conflict within
+    one, and a second SQLite library in this process would not see fencepost's."""
+    with subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stdout.readline().strip() == ready
+        yield
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(10) == 0
+
+
+@contextlib.contextmanager
 def held_write_lock(target: str, run_id: str) -> Iterator[None]:
     """Hold the write lock a ledger's calls on ``run_id`` need while the body runs: SQLite's one
     write lock (from another process: POSIX locks never conflict within one), or the run's
@@ -129,16 +150,5 @@ def held_write_lock(target: str, run_id: str) -> Iterator[None]:
             yield
             db.execute("ROLLBACK")
         return
-    with subprocess.Popen(
-        [sys.executable, "-c", _HOLD_SQLITE, target],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        assert proc.stdout is not None
-        assert proc.stdin is not None
-        assert proc.stdout.readline().strip() == "locked"
+    with held_by_script(_HOLD_SQLITE, target, ready="locked"):
         yield
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        proc.wait(10)

@@ -34,43 +34,35 @@ assert (key.concurrency_key, key.limit, key.live, key.queued) == ("tenant-42", 3
 """
 
 
-def test_the_controller_guide_runs(tmp_path: pathlib.Path) -> None:
-    text = (REPO / "docs" / "controller.md").read_text(encoding="utf-8")
+def run_guide(
+    tmp_path: pathlib.Path, name: str, *, at_least: int, setup: str = "", check: str = ""
+) -> str:
+    """The Python blocks of ``docs/NAME.md``, in order, run as one script in ``tmp_path``
+    (between ``setup`` and ``check``); returns what it printed."""
+    text = (REPO / "docs" / f"{name}.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) >= 2  # the loop, watching the queue
-    script = tmp_path / "controller.py"
-    script.write_text("\n".join([SETUP, *blocks, CHECK]), encoding="utf-8")
+    assert len(blocks) >= at_least
+    script = tmp_path / f"{name}.py"
+    script.write_text("\n".join([setup, *blocks, check]), encoding="utf-8")
     done = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert "tenant-42: 0/3 live, 2 queued, has room" in done.stdout
+    return done.stdout
+
+
+def test_the_controller_guide_runs(tmp_path: pathlib.Path) -> None:
+    # The loop, watching the queue.
+    out = run_guide(tmp_path, "controller", at_least=2, setup=SETUP, check=CHECK)
+    assert "tenant-42: 0/3 live, 2 queued, has room" in out
 
 
 def test_the_retries_guide_runs(tmp_path: pathlib.Path) -> None:
-    """docs/retries.md's blocks, in order, as one script: its own asserts check what each
-    step says happens."""
-    text = (REPO / "docs" / "retries.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) >= 5
-    script = tmp_path / "retries.py"
-    script.write_text("\n".join(blocks), encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("not before 2026-01-01 00:00:01+00:00"), done.stdout
+    """Its own asserts check what each step says happens."""
+    out = run_guide(tmp_path, "retries", at_least=5)
+    assert out.startswith("not before 2026-01-01 00:00:01+00:00"), out
 
 
 def test_the_orchestrator_guide_runs(tmp_path: pathlib.Path) -> None:
-    """docs/orchestrator.md's blocks, in order, as one script."""
-    text = (REPO / "docs" / "orchestrator.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) >= 2
-    script = tmp_path / "orchestrator.py"
-    script.write_text("\n".join(blocks), encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert "'by_status': {'completed': 3}" in done.stdout, done.stdout
+    out = run_guide(tmp_path, "orchestrator", at_least=2)
+    assert "'by_status': {'completed': 3}" in out, out

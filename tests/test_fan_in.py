@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import pathlib
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ import pytest
 
 import fencepost as fp
 from tests.conftest import FakeClock, raw_db
-from tests.processes import run_all
+from tests.processes import held_by_script, run_all
 
 STEPS = [{"id": "a"}, {"id": "b"}]
 
@@ -159,8 +157,8 @@ db.execute("COMMIT")
 @contextlib.contextmanager
 def end_held_open(target: str, run_id: str) -> Iterator[None]:
     """End ``run_id`` in a transaction held open while the body runs, committed after it: on
-    SQLite from another process (POSIX locks never conflict within one, and a second SQLite
-    library in this process would not see fencepost's), on PostgreSQL from a connection here."""
+    SQLite from another process (see ``held_by_script``), on PostgreSQL from a connection
+    here."""
     end = "UPDATE runs SET status = 'cancelled', completed_at = 1, updated_at = 1 WHERE run_id = ?"
     if target.startswith("postgresql://"):
         with raw_db(target) as db:
@@ -169,19 +167,8 @@ def end_held_open(target: str, run_id: str) -> Iterator[None]:
             yield
             db.execute("COMMIT")
         return
-    with subprocess.Popen(
-        [sys.executable, "-c", _END_HELD, target, run_id],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        assert proc.stdout is not None
-        assert proc.stdin is not None
-        assert proc.stdout.readline().strip() == "ended"
+    with held_by_script(_END_HELD, target, run_id, ready="ended"):
         yield
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert proc.wait(10) == 0
 
 
 def test_two_ends_in_flight_together_settle_the_parent_once(target: str) -> None:

@@ -86,7 +86,7 @@ impl<'a> Keys<'a> {
                 unit_id: &f.unit_id,
                 attempt: f.attempt,
                 dispatch_id: &f.dispatch_id,
-                failing: matches!(f.status.as_str(), "failed" | "timed_out"),
+                failing: f.fails(),
             });
         }
     }

@@ -224,7 +224,7 @@ pub(crate) fn after_finish(
     policy: Option<&str>,
     finished_at: i64,
 ) -> Option<AfterFailure> {
-    if !matches!(f.status.as_str(), "failed" | "timed_out") {
+    if !f.fails() {
         return None;
     }
     let policy = RetryPolicy::from_text(policy?)?;

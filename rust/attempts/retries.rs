@@ -12,9 +12,9 @@ use crate::params;
 use crate::canonical::Value;
 use crate::errors::{LedgerError, Result};
 use crate::events::{self, check_page, Actor};
-use crate::leases::{self, Fence};
+use crate::leases::Fence;
 use crate::model::Unit;
-use crate::status::{run_state, AttemptStatus, UnitStatus};
+use crate::status::{AttemptStatus, UnitStatus};
 use crate::store::{sql, Sql, Store, ToSql, Tx};
 
 use super::read::unit_from_row;
@@ -120,9 +120,7 @@ fn take(
     fence: Option<&Fence>,
     now_ms: i64,
 ) -> Result<(Actor<'static>, Vec<Taken>)> {
-    tx.lock_run(run_id)?;
-    let actor = leases::check(tx, run_id, fence, now_ms)?;
-    let state = run_state(tx, run_id)?;
+    let (actor, state) = crate::runs::fenced_state(tx, run_id, fence, now_ms)?;
     if state.status.is_terminal() {
         return Err(LedgerError::RunNotActive {
             run_id: run_id.to_owned(),
@@ -140,7 +138,10 @@ fn take(
     let Some(ids) = unit_ids else {
         return Ok((actor, tx.rows(&sql::UNIT_STATES_SQL, params![run_id], row)?));
     };
-    let params: Vec<[&dyn ToSql; 2]> = ids.iter().map(|u| [&run_id as &dyn ToSql, u]).collect();
+    // A unit named twice moves once.
+    let mut seen = std::collections::HashSet::new();
+    let ids: Vec<&String> = ids.iter().filter(|id| seen.insert(id.as_str())).collect();
+    let params: Vec<[&dyn ToSql; 2]> = ids.iter().map(|u| [&run_id as &dyn ToSql, *u]).collect();
     let queries: Vec<(&Sql, &[&dyn ToSql])> = params
         .iter()
         .map(|p| (&sql::UNIT_STATE_SQL, p.as_slice()))
@@ -151,17 +152,16 @@ fn take(
         Ok(())
     })
     .map_err(|e| tx.fail(&e))?;
-    let mut taken = Vec::with_capacity(ids.len());
-    for (id, unit) in ids.iter().zip(found) {
-        let unit = unit.ok_or_else(|| LedgerError::NotFound {
-            kind: "unit",
-            key: format!("{run_id}/{id}"),
-        })?;
-        // A unit named twice moves once.
-        if !taken.iter().any(|t: &Taken| t.unit_id == unit.unit_id) {
-            taken.push(unit);
-        }
-    }
+    let taken = ids
+        .iter()
+        .zip(found)
+        .map(|(id, unit)| {
+            unit.ok_or_else(|| LedgerError::NotFound {
+                kind: "unit",
+                key: format!("{run_id}/{id}"),
+            })
+        })
+        .collect::<Result<Vec<Taken>>>()?;
     Ok((actor, taken))
 }
 

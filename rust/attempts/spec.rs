@@ -112,6 +112,12 @@ pub struct FinishSpec {
 }
 
 impl FinishSpec {
+    /// Whether this finish fails its attempt (`failed` or `timed_out`): the finishes a retry
+    /// policy applies to.
+    pub(crate) fn fails(&self) -> bool {
+        matches!(self.status.as_str(), "failed" | "timed_out")
+    }
+
     pub(crate) fn check(&self) -> Result<()> {
         AttemptStatus::parse_finish(&self.status)?;
         if self.tokens.is_some_and(|t| t < 0) {

@@ -16,7 +16,7 @@ pub use create::{publish_child_run, start_run, ChildRun, NewRun, StepSpec};
 pub use progress::{
     abandon_run, block_run, complete_step, resume_run, set_outputs, set_status, StepResult,
 };
-pub(crate) use progress::{complete_step_in, set_status_in};
+pub(crate) use progress::{complete_step_in, fenced_state, set_status_in};
 pub use read::{
     child_runs, child_summary, find_active_run, find_scope_occupant, get_run, list_runs,
     resolve_run_id, steps, RunCursor, RunFilter,

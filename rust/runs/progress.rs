@@ -384,7 +384,7 @@ pub(crate) fn set_status_in(
 /// Lock `run_id`, then check `fence` against its lease ([`leases::check`]) and read its state
 /// ([`run_state`]): both reads in one round trip (on PostgreSQL sent with the lock, after it,
 /// so both see what the run's last writer committed). The fence is judged first, as alone.
-fn fenced_state(
+pub(crate) fn fenced_state(
     tx: &dyn Tx,
     run_id: &str,
     fence: Option<&Fence>,

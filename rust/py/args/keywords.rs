@@ -203,7 +203,8 @@ static RETRY_KEYS: Keys = Keys::new(&["max_attempts", "initial_ms", "factor", "m
 
 /// A retry policy (`retry=`, or a step's `"retry"`): a dict of [`RETRY_KEYS`], `max_attempts`
 /// and `initial_ms` required. Refused with `InvalidArgument` on `argument`, the message naming
-/// the field (after `at`, which says which step); the ranges are the core's check.
+/// the field (after `at`, which says which step); the ranges are checked by the core, with the
+/// rest of the run's arguments (`RetryPolicy::check`).
 fn retry_arg(obj: &Bound<'_, PyAny>, argument: &str, at: &str) -> PyResult<Option<RetryPolicy>> {
     if obj.is_none() {
         return Ok(None);
@@ -280,17 +281,13 @@ fn retry_arg(obj: &Bound<'_, PyAny>, argument: &str, at: &str) -> PyResult<Optio
         }
         v.extract::<f64>().map_err(|_| wrong())
     };
-    let policy = RetryPolicy {
+    Ok(Some(RetryPolicy {
         max_attempts: required("max_attempts")?,
         initial_ms: required("initial_ms")?,
         factor: number("factor", crate::retry::DEFAULT_FACTOR)?,
         max_ms: optional_int("max_ms", crate::retry::DEFAULT_MAX_MS)?,
         jitter: number("jitter", 0.0)?,
-    };
-    policy
-        .check(argument, at)
-        .map_err(|e| crate::py::errors::to_pyerr(py, e))?;
-    Ok(Some(policy))
+    }))
 }
 
 /// `steps`: dicts with `id` (required), `title`, `instructions`, `completion`, `retry`.

@@ -11,6 +11,7 @@ pub mod errors;
 pub mod events;
 pub mod ids;
 pub mod leases;
+pub mod messages;
 pub mod model;
 pub mod observe;
 pub(crate) mod plan;

@@ -218,6 +218,27 @@ pub struct Event {
     pub ts: i64,
 }
 
+/// A message sent to a run (`send`), taken at most once by its owner (`receive`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// The run it was sent to.
+    pub run_id: String,
+    /// Its number in the run's mailbox, from 1, in the order sent.
+    pub seq: i64,
+    /// The topic it was sent on.
+    pub topic: String,
+    /// The sender's idempotency key, if it gave one.
+    pub key: Option<String>,
+    /// Canonical JSON payload.
+    pub payload: Vec<u8>,
+    /// When it was sent.
+    pub sent_at: i64,
+    /// When a `receive` took it, if one has.
+    pub consumed_at: Option<i64>,
+    /// The lease generation of the claim that took it.
+    pub consumed_generation: Option<i64>,
+}
+
 /// A live claim: the plaintext token is handed to the claimer once and never stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {

@@ -26,6 +26,7 @@ TABLES = {
     "attempts": "run_id, unit_id, attempt",
     "leases": "resource_id",
     "events": "seq",  # restored events keep their seq
+    "messages": "run_id, seq",
     "pruning": "run_id",
 }
 
@@ -80,6 +81,8 @@ def history(ledger: fp.Ledger, clock: FakeClock) -> None:
     """old (with two children) and lone finished 40 days ago; kept (a live child) likewise;
     young finished 10 days ago; active never finished (and holds the newest event)."""
     begin(ledger, "old")
+    ledger.send("old", "approval", {"ok": True}, key="k")
+    ledger.send("old", "approval", {"ok": False})
     for child in ("old-a", "old-b"):
         begin(ledger, child, parent="old")
         work(ledger, child, 3)
@@ -444,6 +447,9 @@ def test_the_fence_counts_and_trace_context_travel_and_older_archives_restore(
         a = ledger.claim("fenced", "host:a", lease_ms=1000)
         assert a is not None
         ledger.reserve_attempt("fenced", "u1", step_id="s", claim=a, trace_context=tp)
+        ledger.send("fenced", "go", [1], key="once")
+        ledger.send("fenced", "go", [2])
+        assert [m.payload for m in ledger.receive("fenced", "go", claim=a)] == [[1]]
         clock.advance(2000)
         assert ledger.claim("fenced", "host:b", lease_ms=1000) is not None
         with pytest.raises(fp.LeaseLost):
@@ -463,13 +469,18 @@ def test_the_fence_counts_and_trace_context_travel_and_older_archives_restore(
     ]
     assert header["tables"]["steps"][-1] == "retry_policy"
     assert header["tables"]["units"][-1] == "retry_at"
-    # The same archive as a library before schema 6 wrote it.
+    assert header["tables"]["messages"][0:2] == ["run_id", "seq"]
+    assert [m[4] for m in lines[1]["messages"]] == ["[1]", "[2]"]
+    # The same archive as a library before schema 6 wrote it (and before messages).
     old = [dict(line) for line in lines]
+    old[0] = {**old[0], "tables": {k: v for k, v in header["tables"].items() if k != "messages"}}
+    for line in old[1:-1]:
+        del line["messages"]
     cut = {"leases": 3, "attempts": 1, "runs": 4, "steps": 1, "units": 1}
     old[0] = {
-        **header,
+        **old[0],
         "tables": {
-            **header["tables"],
+            **old[0]["tables"],
             **{table: header["tables"][table][:-n] for table, n in cut.items()},
         },
     }
@@ -483,12 +494,15 @@ def test_the_fence_counts_and_trace_context_travel_and_older_archives_restore(
         lease = ledger.lease("fenced")
         assert (lease.takeovers, lease.refused_writes) == (1, 1)
         assert ledger.attempts("fenced", "u1")[0].trace_context == tp
+        taken, waiting = ledger.messages("fenced")
+        assert (taken.key, taken.consumed_generation, waiting.consumed_at) == ("once", 1, None)
         ledger.prune(older_than=30 * DAY)
         assert ledger.restore(tmp_path / "old.jsonl") == 1
         lease = ledger.lease("fenced")
         assert (lease.generation, lease.takeovers, lease.refused_writes) == (2, 0, 0)
         (attempt,) = ledger.attempts("fenced", "u1")
         assert (attempt.status, attempt.trace_context) == ("cancelled", None)
+        assert ledger.messages("fenced") == []
     # A header missing a column that was not added later is still refused.
     worse = [dict(x) for x in old]
     worse[0] = {**old[0], "tables": {**old[0]["tables"], "runs": old[0]["tables"]["runs"][:-1]}}

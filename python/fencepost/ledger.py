@@ -29,6 +29,7 @@ from fencepost.models import (
     Event,
     KeyUsage,
     Lease,
+    Message,
     PausedWorkflow,
     PruneReport,
     QueueOverview,
@@ -750,6 +751,35 @@ class Ledger:
         run does not have, ``RunNotActive`` for a run that has ended (nothing is written)."""
         return self._core.cancel_units(run_id, _refs(unit_ids, "unit_ids"), reason, claim)
 
+
+    def send(self, run_id: str, topic: str, payload: Any, *, key: str | None = None) -> Message:
+        """Send the run a message on ``topic``: anyone may send, no claim needed. The message
+        is numbered in the run's mailbox (``Message.seq``, from 1) and a ``message.sent`` event
+        (``run_id``, ``seq``, ``topic``, ``key``) is written with it, which wakes
+        ``wait_events``. With ``key`` the send is idempotent: a key the run's topic has seen
+        answers the first message, whatever this payload, and writes nothing (so a sender may
+        retry freely). ``RunNotFound`` for an unknown run; ``RunNotActive`` for a run that has
+        ended (nobody could receive it), unless the key was sent before."""
+        return self._core.send(run_id, topic, payload, key)
+
+    def receive(
+        self, run_id: str, topic: str, *, claim: Claim, limit: int = 1
+    ) -> list[Message]:
+        """Take the oldest messages of ``topic`` that nobody has received (at most ``limit``,
+        1 to 10 000; none waiting is ``[]``). Fenced by ``claim`` as every write is: only the
+        run's current owner receives, and each message is taken exactly once, however many
+        receivers try at once. A taken message stays listed by ``messages`` with its
+        ``consumed_at``; receiving writes no event. ``LeaseLost`` under a stale claim,
+        ``RunNotActive`` for a run that has ended (nothing is taken)."""
+        return self._core.receive(run_id, topic, claim, limit)
+
+    def messages(
+        self, run_id: str, *, topic: str | None = None, after_seq: int = 0, limit: int = 100
+    ) -> list[Message]:
+        """The run's messages, received or not, oldest first: of one ``topic`` or all, after
+        ``after_seq`` (page on with the last one's ``seq``), at most ``limit`` (1 to 10 000).
+        A read: no claim, nothing taken. An unknown run has none."""
+        return self._core.messages(run_id, topic, after_seq, limit)
     def accounting(self, run_id: str) -> Accounting:
         """Attempt and token totals, split by phase; unfinished attempts count as attempts."""
         return self._core.accounting(run_id)

@@ -44,6 +44,7 @@ __all__ = [
     "Event",
     "KeyUsage",
     "Lease",
+    "Message",
     "PausedWorkflow",
     "Preparation",
     "PreparationState",
@@ -308,6 +309,23 @@ class Event:
     generation: int | None
     payload: Any
     ts: _dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message sent to a run (``Ledger.send``). ``seq`` numbers the run's messages from 1 in
+    the order sent; ``key`` is the sender's idempotency key. ``consumed_at`` is when a
+    ``receive`` took it (``None`` while it waits), under the lease generation
+    ``consumed_generation``."""
+
+    seq: int
+    run_id: str
+    topic: str
+    key: str | None
+    payload: Any
+    sent_at: _dt.datetime
+    consumed_at: _dt.datetime | None
+    consumed_generation: int | None
 
 
 @dataclass(frozen=True, slots=True)

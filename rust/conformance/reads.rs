@@ -21,7 +21,8 @@ conformance!(
     next_queued_runs_are_read_by_index,
     scheduling_is_read_by_index,
     unit_retries_are_read_by_index,
-    a_childs_end_probes_for_live_siblings
+    a_childs_end_probes_for_live_siblings,
+    messages_are_read_by_index
 );
 
 /// `p0` and 3 000 more runs (see [`many_runs`]).
@@ -679,5 +680,71 @@ fn a_childs_end_probes_for_live_siblings(store: &mut dyn Store) {
     assert!(
         p.contains("runs_live_children"),
         "by runs_live_children:\n{p}"
+    );
+}
+
+/// `receive`, `messages` and a keyed `send`: each a range (or a probe) of an index of the
+/// run's messages, in the index's order. `receive` reads `messages_waiting`, which holds the
+/// messages not taken yet, so a mailbox that has taken a million costs it nothing.
+fn messages_are_read_by_index(store: &mut dyn Store) {
+    for r in 0..12 {
+        started(store, &format!("m{r}"));
+    }
+    // 60 000 messages over 12 runs and 3 topics; all but one in a hundred taken.
+    let many = Sql::same(
+        "INSERT INTO messages (run_id, seq, topic, key, payload, sent_at, consumed_at,
+            consumed_generation)
+        WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 59999)
+        SELECT 'm' || CAST(i % 12 AS TEXT), i + 1, 't' || CAST(i % 3 AS TEXT),
+            'k' || CAST(i AS TEXT), '{}', i,
+            CASE WHEN i % 100 <> 0 THEN i END, CASE WHEN i % 100 <> 0 THEN 1 END
+        FROM n",
+    );
+    store
+        .write("filling messages", |tx| tx.exec(&many, params![]).map(|_| ()))
+        .expect("fill messages");
+    analyze(store);
+    for (what, statement, args, index) in [
+        (
+            "a receive",
+            &sql::WAITING_MESSAGES_SQL,
+            params!["m3", "t1", 10_i64],
+            "messages_waiting",
+        ),
+        (
+            "a keyed send's probe",
+            &sql::MESSAGE_BY_KEY_SQL,
+            params!["m3", "t1", "k999"],
+            "messages_key",
+        ),
+        (
+            "a topic's page",
+            &sql::TOPIC_MESSAGES_SQL,
+            params!["m3", "t1", 30_000_i64, 100_i64],
+            "messages_topic",
+        ),
+    ] {
+        let p = plan(store, statement, args);
+        assert!(p.contains(index), "{what}: by {index}:\n{p}");
+        let walks = p.lines().any(|l| {
+            l.contains("SCAN messages") && !l.contains("USING")
+                || l.contains("Seq Scan on messages")
+                || l.contains("TEMP B-TREE")
+                || l.contains("Sort")
+        });
+        assert!(!walks, "{what}: no scan, no sort:\n{p}");
+    }
+    let page = plan(
+        store,
+        &sql::RUN_MESSAGES_SQL,
+        params!["m3", 30_000_i64, 100_i64],
+    );
+    assert!(
+        page.contains("messages_pkey") || page.contains("PRIMARY KEY"),
+        "a run's page by the primary key:\n{page}"
+    );
+    assert!(
+        !page.contains("Sort") && !page.contains("TEMP B-TREE"),
+        "no sort:\n{page}"
     );
 }

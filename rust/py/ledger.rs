@@ -41,7 +41,7 @@ mod call;
 mod retention;
 mod wait;
 use crate::attempts::UnitFilter;
-use crate::{attempts, blobs, events, leases, queue};
+use crate::{attempts, blobs, events, leases, messages, queue};
 pub use wait::{wait_timeout, PyWatch};
 
 /// The ledger handle: one connection behind the group-commit writer, shared safely between
@@ -594,6 +594,68 @@ impl PyLedger {
                 now,
             )
         })
+    }
+
+    // ------------------------------------------------------------------ messages
+
+    fn send<'py>(
+        &self,
+        py: Python<'py>,
+        run_id: &Bound<'py, PyAny>,
+        topic: &Bound<'py, PyAny>,
+        payload: &Bound<'py, PyAny>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let run_id = text(run_id, "run_id")?;
+        let topic = text(topic, "topic")?;
+        let key = opt_text(key, "key")?;
+        let doc = read_doc(py, payload, "payload")?;
+        let message = self.run(py, move |s, now| {
+            let msg = messages::NewMessage {
+                run_id,
+                topic,
+                key,
+                payload: Json::new(doc.to_vec()),
+            };
+            messages::send(s, &msg, now)
+        })?;
+        records::message(py, message)
+    }
+
+    fn receive<'py>(
+        &self,
+        py: Python<'py>,
+        run_id: &Bound<'py, PyAny>,
+        topic: &Bound<'py, PyAny>,
+        claim: &Bound<'py, PyAny>,
+        limit: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let run_id = text(run_id, "run_id")?;
+        let topic = text(topic, "topic")?;
+        let (fence, _) = claim_arg(claim)?;
+        let limit = int(limit, "limit")?;
+        let taken = self.run(py, move |s, now| {
+            messages::receive(s, &run_id, &topic, &fence, limit, now)
+        })?;
+        taken.into_iter().map(|m| records::message(py, m)).collect()
+    }
+
+    fn messages<'py>(
+        &self,
+        py: Python<'py>,
+        run_id: &Bound<'py, PyAny>,
+        topic: &Bound<'py, PyAny>,
+        after_seq: &Bound<'py, PyAny>,
+        limit: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let run_id = text(run_id, "run_id")?;
+        let topic = opt_text(topic, "topic")?;
+        let after_seq = int(after_seq, "after_seq")?;
+        let limit = int(limit, "limit")?;
+        let listed = self.run(py, move |s, _| {
+            messages::messages(s, &run_id, topic.as_deref(), after_seq, limit)
+        })?;
+        listed.into_iter().map(|m| records::message(py, m)).collect()
     }
 
     /// `(status, count)` pairs, in lifecycle order.

@@ -25,7 +25,7 @@ use pyo3::types::{PyBytes, PyString, PyTuple, PyType};
 use pyo3::{ffi, intern, IntoPyObjectExt, Py};
 
 use crate::model::{
-    Accounting, Attempt, Claim, Event, Lease, Reservation, ReservationKind, Run, Step, Unit,
+    Accounting, Attempt, Claim, Event, Lease, Message, Reservation, ReservationKind, Run, Step, Unit,
 };
 use crate::queue::Preparation;
 
@@ -47,6 +47,7 @@ struct Classes {
     lease: Model,
     preparation: Model,
     event: Model,
+    message: Model,
     datetime: Py<PyType>,
     utc: Py<PyAny>,
     /// `fencepost.models.from_ms`, for a time outside `datetime`'s range (its error).
@@ -88,6 +89,7 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
             lease: model("Lease")?,
             preparation: model("Preparation")?,
             event: model("Event")?,
+            message: model("Message")?,
             datetime: datetime
                 .getattr("datetime")?
                 .cast_into::<PyType>()?
@@ -416,5 +418,20 @@ pub fn event(py: Python<'_>, e: Event) -> PyResult<Bound<'_, PyAny>> {
         "generation" => e.generation,
         "payload" => json(py, c, &e.payload)?,
         "ts" => datetime(py, c, e.ts)?,
+    )
+}
+
+/// A `Message`.
+pub fn message(py: Python<'_>, m: Message) -> PyResult<Bound<'_, PyAny>> {
+    let c = classes(py)?;
+    build!(py, c.message;
+        "seq" => m.seq,
+        "run_id" => m.run_id,
+        "topic" => m.topic,
+        "key" => m.key,
+        "payload" => json(py, c, &m.payload)?,
+        "sent_at" => datetime(py, c, m.sent_at)?,
+        "consumed_at" => opt_datetime(py, c, m.consumed_at)?,
+        "consumed_generation" => m.consumed_generation,
     )
 }

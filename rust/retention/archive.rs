@@ -41,6 +41,10 @@ pub const ADDED_COLUMNS: [(&str, &str, Cell); 10] = [
     ("units", "retry_at", Cell::Null),
 ];
 
+/// Tables a later schema added to a run tree: an older archive's header does not list them,
+/// and its trees have none of their rows.
+pub const ADDED_TABLES: [&str; 1] = ["messages"];
+
 /// One archived table: its columns in schema order, the column that ties a row to its run (or
 /// digest), and the order rows are read in (their primary key, so an archive is deterministic).
 #[derive(Debug)]
@@ -87,7 +91,7 @@ pub fn table(name: &str) -> &'static Table {
 
 /// The tables of a run tree, parents before the rows that refer to them (the order `restore`
 /// inserts in; `prune` deletes in the reverse).
-pub const RUN_TABLES: [Table; 6] = [
+pub const RUN_TABLES: [Table; 7] = [
     Table {
         name: "runs",
         columns: &[
@@ -236,6 +240,21 @@ pub const RUN_TABLES: [Table; 6] = [
         // The key's own index order: `ORDER BY seq` made SQLite walk the whole log in seq
         // order (checking each row against the list) rather than read each run's range.
         order: "resource_id, revision",
+    },
+    Table {
+        name: "messages",
+        columns: &[
+            "run_id",
+            "seq",
+            "topic",
+            "key",
+            "payload",
+            "sent_at",
+            "consumed_at",
+            "consumed_generation",
+        ],
+        key: "run_id",
+        order: "run_id, seq",
     },
 ];
 

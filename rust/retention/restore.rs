@@ -219,15 +219,30 @@ impl Reader {
             rows: Vec::new(),
         };
         for table in archive::tables() {
-            let rows = doc
-                .get(table.name)
-                .and_then(JsonValue::as_array)
-                .ok_or_else(|| bad(n, format!("tree {root:?}: no {} rows", table.name)))?;
             let width = self
                 .widths
                 .get(table.name)
                 .copied()
                 .unwrap_or(table.columns.len());
+            // A table the archive's header does not list (one added after it was written):
+            // the tree has none of its rows.
+            if width == 0 && archive::ADDED_TABLES.contains(&table.name) {
+                if doc.contains_key(table.name) {
+                    return Err(bad(
+                        n,
+                        format!(
+                            "tree {root:?}: {} rows where the header lists no such table",
+                            table.name
+                        ),
+                    ));
+                }
+                tree.rows.push((table.name, Vec::new()));
+                continue;
+            }
+            let rows = doc
+                .get(table.name)
+                .and_then(JsonValue::as_array)
+                .ok_or_else(|| bad(n, format!("tree {root:?}: no {} rows", table.name)))?;
             let mut out = Vec::with_capacity(rows.len());
             for row in rows {
                 let cells = row.as_array().filter(|r| r.len() == width).ok_or_else(|| {
@@ -320,6 +335,8 @@ impl Reader {
         unique(tree, "units", &["run_id", "unit_id"])?;
         unique(tree, "attempts", &["run_id", "unit_id", "attempt"])?;
         unique(tree, "leases", &["resource_id"])?;
+        unique(tree, "messages", &["run_id", "seq"])?;
+        check_messages(tree)?;
         check_attempts(tree)?;
         check_leases(tree)?;
         check_events(tree)?;
@@ -586,6 +603,39 @@ fn cell(v: &JsonValue, bytes: bool) -> Option<Cell> {
     })
 }
 
+/// Messages: a key at most once per run and topic (as `messages_key` holds), and a taken
+/// message both when and under which generation it was taken.
+fn check_messages(tree: &Tree) -> std::result::Result<(), String> {
+    let (run_at, topic_at, key_at) = (
+        at("messages", "run_id"),
+        at("messages", "topic"),
+        at("messages", "key"),
+    );
+    let (consumed_at, generation_at) = (
+        at("messages", "consumed_at"),
+        at("messages", "consumed_generation"),
+    );
+    let mut keys = HashSet::new();
+    for row in tree.rows_of("messages") {
+        if row[key_at] != Cell::Null
+            && !keys.insert((&row[run_at], &row[topic_at], &row[key_at]))
+        {
+            return Err(format!(
+                "two messages rows share (run_id, topic, key) = ({}, {}, {})",
+                row[run_at], row[topic_at], row[key_at]
+            ));
+        }
+        if (row[consumed_at] == Cell::Null) != (row[generation_at] == Cell::Null) {
+            return Err(format!(
+                "message {}/{}: consumed_at and consumed_generation are set together",
+                row[run_at],
+                row[at("messages", "seq")]
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The value a column of [`archive::ADDED_COLUMNS`] takes in a row archived before it.
 fn added(table: &str, column: &str) -> Cell {
     archive::ADDED_COLUMNS
@@ -604,6 +654,10 @@ fn check_columns(n: u64, tables: Option<&JsonValue>) -> Result<HashMap<&'static 
         .ok_or_else(|| bad(n, "a header without its tables"))?;
     let mut widths = HashMap::new();
     for t in archive::tables() {
+        if !tables.contains_key(t.name) && archive::ADDED_TABLES.contains(&t.name) {
+            widths.insert(t.name, 0);
+            continue;
+        }
         let width = tables
             .get(t.name)
             .and_then(JsonValue::as_array)
@@ -628,7 +682,7 @@ fn check_columns(n: u64, tables: Option<&JsonValue>) -> Result<HashMap<&'static 
             })?;
         widths.insert(t.name, width);
     }
-    if tables.len() != archive::tables().count() {
+    if tables.len() != widths.values().filter(|w| **w > 0).count() {
         return Err(bad(n, "it archives tables this library does not know"));
     }
     Ok(widths)

@@ -98,10 +98,13 @@ pub fn column(table: &str, column: &str) -> Option<Column> {
             "definition_digest" | "params" | "input" | "launch_options" | "source" | "plan"
             | "outputs",
         ) => (Kind::Digest, OPT),
-        ("runs" | "steps" | "units" | "attempts", "run_id")
+        ("runs" | "steps" | "units" | "attempts" | "messages", "run_id")
         | ("leases" | "events", "resource_id") => (Kind::RunId, REQ),
         ("runs", "parent_run_id") => (Kind::RunId, OPT),
-        ("runs", "workflow_ref") | ("steps", "step_id") => (Kind::Name, REQ),
+        ("runs", "workflow_ref") | ("steps", "step_id") | ("messages", "topic") => {
+            (Kind::Name, REQ)
+        }
+        ("messages", "key") => (Kind::Name, OPT),
         ("runs" | "definitions", "workflow_name")
         | ("units" | "attempts", "unit_id")
         | ("attempts", "dispatch_id")
@@ -117,27 +120,29 @@ pub fn column(table: &str, column: &str) -> Option<Column> {
         ("runs", "plan_version") | ("units" | "attempts", "tokens") | ("events", "generation") => {
             (COUNT, OPT)
         }
-        ("attempts", "lease_generation") => (POSITIVE, OPT),
+        ("attempts", "lease_generation") | ("messages", "consumed_generation") => (POSITIVE, OPT),
         ("steps", "sequence_index")
         | ("units", "attempts")
         | ("attempts", "reclaims")
         | ("leases", "generation" | "takeovers" | "refused_writes") => (COUNT, REQ),
-        ("attempts", "attempt") | ("events", "revision") => (POSITIVE, REQ),
+        ("attempts", "attempt") | ("events", "revision") | ("messages", "seq") => (POSITIVE, REQ),
         ("events", "seq") => (Kind::Int(1, MAX_SEQ), REQ),
         ("steps", "completion" | "evidence") | ("units" | "attempts", "result") => {
             (Kind::Json, OPT)
         }
-        ("events", "payload") => (Kind::Json, REQ),
+        ("events" | "messages", "payload") => (Kind::Json, REQ),
         ("runs" | "steps", "retry_policy") => (Kind::Policy, OPT),
         ("blobs" | "definitions" | "runs", "created_at")
         | ("runs", "updated_at")
         | ("units", "first_started_at" | "started_at")
         | ("attempts", "started_at")
-        | ("events", "ts") => (Kind::Time, REQ),
+        | ("events", "ts")
+        | ("messages", "sent_at") => (Kind::Time, REQ),
         ("runs" | "steps", "completed_at")
         | ("runs", "not_before")
         | ("units" | "attempts", "finished_at")
         | ("units", "retry_at")
+        | ("messages", "consumed_at")
         | ("leases", "acquired_at" | "heartbeat_at" | "expires_at") => (Kind::Time, OPT),
         ("steps", "title" | "instructions") => (Kind::Prose, REQ),
         (_, "claim_holder") => (Kind::Prose, OPT),

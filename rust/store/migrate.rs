@@ -60,10 +60,11 @@ migrations! {
     8 "schedule" "0008_schedule.sql";
     9 "retry" "0009_retry.sql";
     10 "fan_in" "0010_fan_in.sql";
+    11 "messages" "0011_messages.sql";
 }
 
 /// The newest schema version this library knows.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// A backend's part of migrating: what cannot be said in one text for both dialects.
 #[derive(Debug)]

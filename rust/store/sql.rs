@@ -1136,3 +1136,60 @@ pub const ORPHAN_ATTEMPTS_SQL: Sql = Sql::split(
         SELECT CAST(payload AS jsonb) ->> 'dispatch_id' FROM events WHERE type = 'unit.started')
     ORDER BY run_id, unit_id, attempt LIMIT 100",
 );
+
+/// A message's columns, in [`crate::messages`]' row order.
+macro_rules! message_columns {
+    () => {
+        "run_id, seq, topic, key, payload, sent_at, consumed_at, consumed_generation"
+    };
+}
+/// `send` with a key: the message the key already sent, if any (`messages_key`).
+pub const MESSAGE_BY_KEY_SQL: Sql = Sql::same(concat!(
+    "SELECT ",
+    message_columns!(),
+    " FROM messages WHERE run_id = ?1 AND topic = ?2 AND key = ?3"
+));
+/// `send`: the run's next message number, read under the run's lock (the primary key's last
+/// entry of the run).
+pub const NEXT_MESSAGE_SEQ_SQL: Sql = Sql::same(
+    "SELECT coalesce(max(seq), 0) + 1 FROM messages WHERE run_id = ?1",
+);
+/// `send`: the message, numbered as read above.
+pub const INSERT_MESSAGE_SQL: Sql = Sql::same(
+    "INSERT INTO messages(run_id, seq, topic, key, payload, sent_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+);
+/// `receive`: the oldest messages of a topic not taken yet (`messages_waiting`, which holds
+/// those alone).
+pub const WAITING_MESSAGES_SQL: Sql = Sql::same(concat!(
+    "SELECT ",
+    message_columns!(),
+    " FROM messages WHERE run_id = ?1 AND topic = ?2 AND consumed_at IS NULL
+    ORDER BY seq LIMIT ?3"
+));
+/// `receive`: take one message, once (the condition keeps a second take from overwriting).
+pub const CONSUME_MESSAGE_SQL: Sql = Sql::same(
+    "UPDATE messages SET consumed_at = CAST(?3 AS BIGINT), consumed_generation = CAST(?4 AS BIGINT)
+    WHERE run_id = ?1 AND seq = ?2 AND consumed_at IS NULL",
+);
+/// `messages`: a run's messages after a number, taken ones too (the primary key's range).
+pub const RUN_MESSAGES_SQL: Sql = Sql::same(concat!(
+    "SELECT ",
+    message_columns!(),
+    " FROM messages WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3"
+));
+/// `messages(topic=...)`: a topic's messages after a number (`messages_topic`). SQLite is
+/// told the index: where a run has few topics its statistics favour the primary key's range,
+/// which walks every other topic's messages to fill a page of a rare one.
+pub const TOPIC_MESSAGES_SQL: Sql = Sql::split(
+    concat!(
+        "SELECT ",
+        message_columns!(),
+        " FROM messages INDEXED BY messages_topic
+        WHERE run_id = ?1 AND topic = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4"
+    ),
+    concat!(
+        "SELECT ",
+        message_columns!(),
+        " FROM messages WHERE run_id = ?1 AND topic = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4"
+    ),
+);

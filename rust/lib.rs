@@ -7,6 +7,7 @@
 pub mod attempts;
 pub mod blobs;
 pub mod canonical;
+pub mod cron;
 pub mod errors;
 pub mod events;
 pub mod ids;
@@ -19,6 +20,7 @@ pub mod queue;
 pub mod retention;
 pub mod retry;
 pub mod runs;
+pub mod schedules;
 pub mod status;
 pub mod store;
 pub mod writer;

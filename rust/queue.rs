@@ -215,7 +215,7 @@ fn continue_parent(tx: &dyn Tx, req: &NewQueuedRun, parent: &str, now_ms: i64) -
 }
 
 /// The body of `reserve_run`, inside the caller's transaction.
-fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
+pub(crate) fn reserve_in(tx: &dyn Tx, req: &NewQueuedRun, now_ms: i64) -> Result<()> {
     if tx
         .row(&sql::RUN_EXISTS_SQL, params![&req.run_id], |_| Ok(()))?
         .is_some()

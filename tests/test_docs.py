@@ -64,5 +64,6 @@ def test_the_retries_guide_runs(tmp_path: pathlib.Path) -> None:
 
 
 def test_the_orchestrator_guide_runs(tmp_path: pathlib.Path) -> None:
-    out = run_guide(tmp_path, "orchestrator", at_least=2)
+    out = run_guide(tmp_path, "orchestrator", at_least=6)
     assert "'by_status': {'completed': 3}" in out, out
+    assert "{'by': 'ana'}" in out, out

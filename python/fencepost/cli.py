@@ -16,6 +16,7 @@ import os
 import pathlib
 import signal
 import sys
+import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
@@ -211,6 +212,67 @@ def _count(text: str) -> int:
         return int(text)
     except ValueError:
         raise Refused(f"limit {text!r} is not a whole number; give 0 or more, or none") from None
+
+
+def cmd_schedules(args: argparse.Namespace, out: TextIO) -> int:
+    """List the schedules, after pausing, resuming or deleting one if asked."""
+    with open_existing(args.db) as ledger:
+        if args.pause is not None:
+            ledger.pause_schedule(args.pause)
+        elif args.resume is not None:
+            ledger.resume_schedule(args.resume)
+        elif args.delete is not None:
+            ledger.delete_schedule(args.delete)
+        schedules = ledger.schedules()
+    if args.json:
+        write_json(schedules, out)
+    else:
+        rows = [
+            (s.name, s.cron, s.timezone, s.workflow_name, s.overlap, s.catch_up,
+             "paused" if s.paused else iso(s.next_slot), s.last_run_id)
+            for s in schedules
+        ]  # fmt: skip
+        headers = ["NAME", "CRON", "TIMEZONE", "WORKFLOW", "OVERLAP", "CATCH_UP", "NEXT"]
+        table(rows, [*headers, "LAST_RUN"], out)
+    return EXIT_OK
+
+
+def cmd_tick(args: argparse.Namespace, out: TextIO) -> int:
+    """Fire the due schedules once, or every ``--every`` until stopped; one line per run
+    queued (a JSON object per line with ``--json``)."""
+
+    def report(runs: list[fp.Run]) -> None:
+        for run in runs:
+            if args.json:
+                out.write(json.dumps({"run_id": run.run_id, "workflow_name": run.workflow_name,
+                                      "not_before": iso(run.not_before)}) + "\n")  # fmt: skip
+            else:
+                out.write(f"queued {run.run_id} ({run.workflow_name}, due {iso(run.not_before)})\n")
+        out.flush()
+
+    with open_existing(args.db) as ledger:
+        if args.every is None:
+            report(ledger.tick_schedules())
+            return EXIT_OK
+        if args.every <= datetime.timedelta(0):
+            usage("--every must be more than 0s")
+
+        def stop(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt
+
+        # A service manager's SIGTERM stops the loop as cleanly as Ctrl-C does.
+        previous = signal.signal(signal.SIGTERM, stop)
+        period = args.every.total_seconds()
+        try:
+            while True:
+                started = time.monotonic()
+                report(ledger.tick_schedules())
+                time.sleep(max(0.0, period - (time.monotonic() - started)))
+        except KeyboardInterrupt:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    return EXIT_OK
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
@@ -583,6 +645,24 @@ def parser() -> argparse.ArgumentParser:
     cu.add_argument("--reason", help="why, kept on each unit")
     cu.set_defaults(func=cmd_retry)
 
+    sc = sub.add_parser(
+        "schedules", parents=[common], help="the cron schedules: list them, or pause one"
+    )
+    act = sc.add_mutually_exclusive_group()
+    act.add_argument("--pause", metavar="NAME", help="stop firing this schedule")
+    act.add_argument("--resume", metavar="NAME", help="fire this schedule again")
+    act.add_argument("--delete", metavar="NAME", help="delete this schedule (its runs stay)")
+    sc.set_defaults(func=cmd_schedules)
+    tk = sub.add_parser(
+        "tick",
+        parents=[common],
+        help="queue the runs of the schedules' due slots (once, or a loop)",
+    )
+    tk.add_argument(
+        "--every", type=_duration, metavar="DURATION",
+        help="tick again every DURATION (1s, 30s, 1m) until stopped; default: once",
+    )  # fmt: skip
+    tk.set_defaults(func=cmd_tick)
     s = sub.add_parser("show", parents=[common], help="one run: steps, units, lease, accounting")
     s.add_argument("run_prefix", metavar="RUN_PREFIX")
     s.set_defaults(func=cmd_show)

@@ -30,11 +30,13 @@ from fencepost.models import (
     KeyUsage,
     Lease,
     Message,
+    Overlap,
     PausedWorkflow,
     PruneReport,
     QueueOverview,
     Reservation,
     Run,
+    Schedule,
     Step,
     Unit,
     from_ms,
@@ -152,6 +154,46 @@ def _queued_run(run_id: str, fields: dict[str, Any]) -> _core._QueuedRun:
         "_core._QueuedRun",
         {"run_id": run_id, **fields, "not_before_ms": at_ms, "not_before_after_ms": after_ms},
     )
+
+
+_TEMPLATE_KEYS = (
+    "workflow_ref", "source", "definition_digest", "definition", "input", "launch_options",
+    "runner_id", "origin_session_id", "priority", "concurrency_key", "retry",
+)  # fmt: skip
+"""The ``reserve_run`` keywords a schedule's template holds."""
+_TEMPLATE_REQUIRED = _TEMPLATE_KEYS[:4] + _TEMPLATE_KEYS[6:8]
+
+
+def _schedule_template(workflow_name: str, template: Mapping[str, Any]) -> _core._QueuedRun:
+    """The core's ``reserve_run`` keywords of a schedule's fires (the run id a placeholder);
+    ``InvalidArgument`` naming ``template`` for a key it may not or must hold."""
+    if not isinstance(template, Mapping):
+        raise InvalidArgument(
+            f"must be a mapping of reserve_run keywords, not {type(template).__name__}",
+            argument="template",
+        )
+    own = {"run_id", "workflow_name", "not_before"}
+    for key in template:
+        if key in own:
+            raise InvalidArgument(
+                f"{key!r} is the schedule's own (each fire sets it); leave it out",
+                argument="template",
+            )
+        if key not in _TEMPLATE_KEYS:
+            raise InvalidArgument(
+                f"{key!r} is not a reserve_run keyword a schedule takes; use "
+                + ", ".join(_TEMPLATE_KEYS),
+                argument="template",
+            )
+    missing = [k for k in _TEMPLATE_REQUIRED if k not in template]
+    if missing:
+        raise InvalidArgument(f"needs {', '.join(missing)}", argument="template")
+    fields: dict[str, Any] = {
+        "input": None, "launch_options": None, "priority": 0, "concurrency_key": None,
+        "retry": None, **template, "workflow_name": workflow_name, "parent_run_id": None,
+        "not_before": None,
+    }  # fmt: skip
+    return _queued_run("schedule", fields)
 
 
 def redact_target(target: str) -> str:
@@ -751,6 +793,74 @@ class Ledger:
         run does not have, ``RunNotActive`` for a run that has ended (nothing is written)."""
         return self._core.cancel_units(run_id, _refs(unit_ids, "unit_ids"), reason, claim)
 
+    # ------------------------------------------------------------------ schedules
+
+    def put_schedule(
+        self,
+        name: str,
+        *,
+        cron: str,
+        workflow_name: str,
+        template: Mapping[str, Any],
+        timezone: str = "UTC",
+        overlap: Overlap = "skip",
+        catch_up: int = 0,
+    ) -> Schedule:
+        """Create or replace the schedule ``name``: at each slot of ``cron`` (5 fields: minute
+        hour day-of-month month day-of-week; ``*``, lists, ranges, steps, names such as ``MON``
+        and ``JAN``; day-of-month and day-of-week OR'd when both are restricted), read as wall
+        time in ``timezone`` (an IANA name), ``tick_schedules`` queues a run with
+        ``reserve_run(run_id=f"{name}:{slot:%Y-%m-%dT%H:%MZ}", workflow_name=workflow_name,
+        not_before=slot, **template)``. ``template`` holds ``reserve_run``'s other keywords
+        (``workflow_ref``, ``source``, ``definition_digest``, ``definition``, ``runner_id`` and
+        ``origin_session_id`` are required; ``parent_run_id`` is not allowed).
+
+        The first slot is the first after now (also when replacing; a replaced schedule keeps
+        whether it is paused and its last fire). ``overlap="skip"`` uses a slot up without a
+        run while the last fired run has not ended; ``"allow"`` fires anyway. After downtime a
+        tick fires the newest due slot plus at most ``catch_up`` (0 to 1000) missed ones.
+
+        Wall times that a daylight-saving change skips or repeats resolve as Python's
+        ``fold=0``: a slot in a spring-forward gap fires once, shifted by the gap (02:30 becomes
+        03:30 EDT); a repeated wall time fires once, at its first occurrence. Bad input is
+        ``InvalidArgument`` naming ``cron``, ``timezone``, ``name``, ``overlap``, ``catch_up``
+        or ``template``; nothing is written."""
+        run = _schedule_template(workflow_name, template)
+        try:
+            return self._core.put_schedule(name, cron, timezone, overlap, catch_up, run)
+        except InvalidArgument as e:
+            if e.argument in _TEMPLATE_KEYS:
+                raise InvalidArgument(f"template: {e}", argument="template") from None
+            raise
+
+    def schedules(self) -> list[Schedule]:
+        """Every schedule, by name."""
+        return self._core.schedules()
+
+    def pause_schedule(self, name: str) -> None:
+        """Stop firing ``name`` until ``resume_schedule``; ``NotFound`` for an unknown name."""
+        self._core.pause_schedule(name)
+
+    def resume_schedule(self, name: str) -> None:
+        """Fire ``name`` again: the next tick fires its newest due slot and at most
+        ``catch_up`` of the slots missed while it was paused. ``NotFound`` for an unknown
+        name."""
+        self._core.resume_schedule(name)
+
+    def delete_schedule(self, name: str) -> None:
+        """Delete ``name`` (the runs it queued stay); ``NotFound`` for an unknown name."""
+        self._core.delete_schedule(name)
+
+    def tick_schedules(self) -> list[Run]:
+        """Fire every due slot of every schedule that is not paused, exactly once however many
+        processes tick at once: each fire is a ``reserve_run`` (queued, due at its slot) under
+        a run id made of the schedule's name and the slot, and the schedule's next slot moves
+        by compare-and-set in the same transaction. Returns the runs this call queued. Call it
+        from a loop or a timer (``fencepost tick --every 1s``); a slot fires at the first tick
+        at or after it."""
+        return self._core.tick_schedules()
+
+    # ------------------------------------------------------------------ messages
 
     def send(self, run_id: str, topic: str, payload: Any, *, key: str | None = None) -> Message:
         """Send the run a message on ``topic``: anyone may send, no claim needed. The message
@@ -762,9 +872,7 @@ class Ledger:
         ended (nobody could receive it), unless the key was sent before."""
         return self._core.send(run_id, topic, payload, key)
 
-    def receive(
-        self, run_id: str, topic: str, *, claim: Claim, limit: int = 1
-    ) -> list[Message]:
+    def receive(self, run_id: str, topic: str, *, claim: Claim, limit: int = 1) -> list[Message]:
         """Take the oldest messages of ``topic`` that nobody has received (at most ``limit``,
         1 to 10 000; none waiting is ``[]``). Fenced by ``claim`` as every write is: only the
         run's current owner receives, and each message is taken exactly once, however many
@@ -780,6 +888,7 @@ class Ledger:
         ``after_seq`` (page on with the last one's ``seq``), at most ``limit`` (1 to 10 000).
         A read: no claim, nothing taken. An unknown run has none."""
         return self._core.messages(run_id, topic, after_seq, limit)
+
     def accounting(self, run_id: str) -> Accounting:
         """Attempt and token totals, split by phase; unfinished attempts count as attempts."""
         return self._core.accounting(run_id)

@@ -45,6 +45,7 @@ __all__ = [
     "KeyUsage",
     "Lease",
     "Message",
+    "Overlap",
     "PausedWorkflow",
     "Preparation",
     "PreparationState",
@@ -54,6 +55,7 @@ __all__ = [
     "ReservationKind",
     "Run",
     "RunStatus",
+    "Schedule",
     "Step",
     "StepStatus",
     "Unit",
@@ -326,6 +328,33 @@ class Message:
     sent_at: _dt.datetime
     consumed_at: _dt.datetime | None
     consumed_generation: int | None
+
+
+Overlap: TypeAlias = Literal["skip", "allow"]
+"""What a schedule's fire does while its last fired run has not ended."""
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A cron schedule (``Ledger.put_schedule``). ``template`` holds the ``reserve_run``
+    keywords each fire queues its run with (all of them, defaults filled in); ``next_slot`` is
+    the first slot not fired yet (``None`` if the cron has none left), ``last_slot`` the newest
+    fired, ``last_run_id`` the run of the newest fire that queued one. ``paused`` schedules are
+    passed over by ``tick_schedules``."""
+
+    name: str
+    cron: str
+    workflow_name: str
+    timezone: str
+    overlap: Overlap
+    catch_up: int
+    template: dict[str, Any]
+    paused: bool
+    next_slot: _dt.datetime | None
+    last_slot: _dt.datetime | None
+    last_run_id: str | None
+    created_at: _dt.datetime
+    updated_at: _dt.datetime
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,7 +75,8 @@ OPERATIONS: Final = (
     "orphan_attempts", "set_concurrency_limit", "concurrency_limits", "pause_workflow",
     "resume_workflow", "paused_workflows", "queued_runs", "queue_overview", "due_units",
     "exhausted_units", "retry_units", "cancel_units", "child_summary",
-    "send", "receive", "messages",
+    "send", "receive", "messages", "put_schedule", "schedules", "pause_schedule",
+    "resume_schedule", "delete_schedule", "tick_schedules",
 )  # fmt: skip
 """The operations that get a span and count in ``fencepost.operations``."""
 

@@ -701,7 +701,9 @@ fn messages_are_read_by_index(store: &mut dyn Store) {
         FROM n",
     );
     store
-        .write("filling messages", |tx| tx.exec(&many, params![]).map(|_| ()))
+        .write("filling messages", |tx| {
+            tx.exec(&many, params![]).map(|_| ())
+        })
         .expect("fill messages");
     analyze(store);
     for (what, statement, args, index) in [

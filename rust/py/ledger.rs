@@ -41,7 +41,7 @@ mod call;
 mod retention;
 mod wait;
 use crate::attempts::UnitFilter;
-use crate::{attempts, blobs, events, leases, messages, queue};
+use crate::{attempts, blobs, events, leases, messages, queue, schedules};
 pub use wait::{wait_timeout, PyWatch};
 
 /// The ledger handle: one connection behind the group-commit writer, shared safely between
@@ -655,7 +655,74 @@ impl PyLedger {
         let listed = self.run(py, move |s, _| {
             messages::messages(s, &run_id, topic.as_deref(), after_seq, limit)
         })?;
-        listed.into_iter().map(|m| records::message(py, m)).collect()
+        listed
+            .into_iter()
+            .map(|m| records::message(py, m))
+            .collect()
+    }
+
+    // ------------------------------------------------------------------ schedules
+
+    /// `run` is `reserve_run`'s keywords as the facade builds them from the template (its run
+    /// id a placeholder: each fire names its own).
+    #[allow(clippy::too_many_arguments)]
+    fn put_schedule<'py>(
+        &self,
+        py: Python<'py>,
+        name: &Bound<'py, PyAny>,
+        cron: &Bound<'py, PyAny>,
+        timezone: &Bound<'py, PyAny>,
+        overlap: &Bound<'py, PyAny>,
+        catch_up: &Bound<'py, PyAny>,
+        run: &Bound<'py, PyDict>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let name = text(name, "name")?;
+        let cron = text(cron, "cron")?;
+        let timezone = text(timezone, "timezone")?;
+        let overlap = text(overlap, "overlap")?;
+        let catch_up = int(catch_up, "catch_up")?;
+        let run = QueuedRunArgs::read(run)?;
+        let put = self.run(py, move |s, now| {
+            let new = schedules::NewSchedule {
+                name,
+                cron,
+                timezone,
+                overlap: schedules::Overlap::parse(&overlap)?,
+                catch_up,
+                run: run.into_request(),
+            };
+            schedules::put_schedule(s, &new, now)
+        })?;
+        records::schedule(py, put)
+    }
+
+    fn schedules<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let all = self.run(py, |s, _| schedules::schedules(s))?;
+        all.into_iter().map(|x| records::schedule(py, x)).collect()
+    }
+
+    fn pause_schedule(&self, py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<()> {
+        let name = text(name, "name")?;
+        self.run(py, move |s, now| {
+            schedules::pause_schedule(s, &name, true, now)
+        })
+    }
+
+    fn resume_schedule(&self, py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<()> {
+        let name = text(name, "name")?;
+        self.run(py, move |s, now| {
+            schedules::pause_schedule(s, &name, false, now)
+        })
+    }
+
+    fn delete_schedule(&self, py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<()> {
+        let name = text(name, "name")?;
+        self.run(py, move |s, _| schedules::delete_schedule(s, &name))
+    }
+
+    fn tick_schedules<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let fired = self.run(py, schedules::tick_schedules)?;
+        fired.into_iter().map(|r| records::run(py, r)).collect()
     }
 
     /// `(status, count)` pairs, in lifecycle order.

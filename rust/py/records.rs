@@ -21,13 +21,15 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyString, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyDict, PyString, PyTuple, PyType};
 use pyo3::{ffi, intern, IntoPyObjectExt, Py};
 
 use crate::model::{
-    Accounting, Attempt, Claim, Event, Lease, Message, Reservation, ReservationKind, Run, Step, Unit,
+    Accounting, Attempt, Claim, Event, Lease, Message, Reservation, ReservationKind, Run, Step,
+    Unit,
 };
 use crate::queue::Preparation;
+use crate::schedules::Schedule;
 
 /// A model class of `fencepost.models` and its number of fields.
 struct Model {
@@ -48,6 +50,7 @@ struct Classes {
     preparation: Model,
     event: Model,
     message: Model,
+    schedule: Model,
     datetime: Py<PyType>,
     utc: Py<PyAny>,
     /// `fencepost.models.from_ms`, for a time outside `datetime`'s range (its error).
@@ -90,6 +93,7 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
             preparation: model("Preparation")?,
             event: model("Event")?,
             message: model("Message")?,
+            schedule: model("Schedule")?,
             datetime: datetime
                 .getattr("datetime")?
                 .cast_into::<PyType>()?
@@ -433,5 +437,43 @@ pub fn message(py: Python<'_>, m: Message) -> PyResult<Bound<'_, PyAny>> {
         "sent_at" => datetime(py, c, m.sent_at)?,
         "consumed_at" => opt_datetime(py, c, m.consumed_at)?,
         "consumed_generation" => m.consumed_generation,
+    )
+}
+
+/// A `Schedule`; its `template` is the `reserve_run` keywords each fire passes, decoded.
+pub fn schedule(py: Python<'_>, s: Schedule) -> PyResult<Bound<'_, PyAny>> {
+    let c = classes(py)?;
+    let template = PyDict::new(py);
+    template.set_item("workflow_ref", s.workflow_ref)?;
+    template.set_item("source", json(py, c, s.source.as_bytes())?)?;
+    template.set_item("definition_digest", s.definition_digest)?;
+    template.set_item("definition", json(py, c, s.definition.as_bytes())?)?;
+    template.set_item("input", json(py, c, s.input.as_bytes())?)?;
+    template.set_item("launch_options", json(py, c, s.launch_options.as_bytes())?)?;
+    template.set_item("runner_id", s.runner_id)?;
+    template.set_item("origin_session_id", s.origin_session_id)?;
+    template.set_item("priority", s.priority)?;
+    template.set_item("concurrency_key", s.concurrency_key)?;
+    let retry = match &s.retry_policy {
+        Some(text) => json(py, c, text.as_bytes())?,
+        None => py.None().into_bound(py),
+    };
+    template.set_item("retry", retry)?;
+    // A schedule with no slot left has none to show.
+    let next_slot = (s.next_slot != i64::MAX).then_some(s.next_slot);
+    build!(py, c.schedule;
+        "name" => s.name,
+        "cron" => s.cron,
+        "workflow_name" => s.workflow_name,
+        "timezone" => s.timezone,
+        "overlap" => s.overlap,
+        "catch_up" => s.catch_up,
+        "template" => template,
+        "paused" => s.paused,
+        "next_slot" => opt_datetime(py, c, next_slot)?,
+        "last_slot" => opt_datetime(py, c, s.last_slot)?,
+        "last_run_id" => s.last_run_id,
+        "created_at" => datetime(py, c, s.created_at)?,
+        "updated_at" => datetime(py, c, s.updated_at)?,
     )
 }

@@ -617,9 +617,7 @@ fn check_messages(tree: &Tree) -> std::result::Result<(), String> {
     );
     let mut keys = HashSet::new();
     for row in tree.rows_of("messages") {
-        if row[key_at] != Cell::Null
-            && !keys.insert((&row[run_at], &row[topic_at], &row[key_at]))
-        {
+        if row[key_at] != Cell::Null && !keys.insert((&row[run_at], &row[topic_at], &row[key_at])) {
             return Err(format!(
                 "two messages rows share (run_id, topic, key) = ({}, {}, {})",
                 row[run_at], row[topic_at], row[key_at]

@@ -1151,9 +1151,8 @@ pub const MESSAGE_BY_KEY_SQL: Sql = Sql::same(concat!(
 ));
 /// `send`: the run's next message number, read under the run's lock (the primary key's last
 /// entry of the run).
-pub const NEXT_MESSAGE_SEQ_SQL: Sql = Sql::same(
-    "SELECT coalesce(max(seq), 0) + 1 FROM messages WHERE run_id = ?1",
-);
+pub const NEXT_MESSAGE_SEQ_SQL: Sql =
+    Sql::same("SELECT coalesce(max(seq), 0) + 1 FROM messages WHERE run_id = ?1");
 /// `send`: the message, numbered as read above.
 pub const INSERT_MESSAGE_SQL: Sql = Sql::same(
     "INSERT INTO messages(run_id, seq, topic, key, payload, sent_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -1193,3 +1192,67 @@ pub const TOPIC_MESSAGES_SQL: Sql = Sql::split(
         " FROM messages WHERE run_id = ?1 AND topic = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4"
     ),
 );
+
+/// A schedule's columns, in [`crate::schedules`]' row order.
+macro_rules! schedule_columns {
+    () => {
+        "name, cron, timezone, overlap, catch_up, paused, next_slot, last_slot, last_run_id,
+        workflow_name, workflow_ref, source, definition_digest, definition, input,
+        launch_options, runner_id, origin_session_id, priority, concurrency_key, retry_policy,
+        created_at, updated_at"
+    };
+}
+/// `put_schedule`: a new schedule, or the named one replaced (its last fire and creation time
+/// kept, so `overlap = 'skip'` still sees the run of its last fire, and a paused one stays paused).
+pub const PUT_SCHEDULE_SQL: Sql = Sql::same(
+    "INSERT INTO schedules(name, cron, timezone, overlap, catch_up, paused, next_slot,
+        workflow_name, workflow_ref, source, definition_digest, definition, input,
+        launch_options, runner_id, origin_session_id, priority, concurrency_key, retry_policy,
+        created_at, updated_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
+        ?19, ?19)
+    ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, timezone = excluded.timezone,
+        overlap = excluded.overlap, catch_up = excluded.catch_up,
+        next_slot = excluded.next_slot, workflow_name = excluded.workflow_name,
+        workflow_ref = excluded.workflow_ref, source = excluded.source,
+        definition_digest = excluded.definition_digest, definition = excluded.definition,
+        input = excluded.input, launch_options = excluded.launch_options,
+        runner_id = excluded.runner_id, origin_session_id = excluded.origin_session_id,
+        priority = excluded.priority, concurrency_key = excluded.concurrency_key,
+        retry_policy = excluded.retry_policy, updated_at = excluded.updated_at",
+);
+/// One schedule by name.
+pub const SCHEDULE_SQL: Sql = Sql::same(concat!(
+    "SELECT ",
+    schedule_columns!(),
+    " FROM schedules WHERE name = ?1"
+));
+/// Every schedule, by name.
+pub const SCHEDULES_SQL: Sql = Sql::same(concat!(
+    "SELECT ",
+    schedule_columns!(),
+    " FROM schedules ORDER BY name"
+));
+/// A tick's read: the names of the schedules due at ?1, the longest overdue first
+/// (`schedules_due`).
+pub const DUE_SCHEDULES_SQL: Sql = Sql::same(
+    "SELECT name FROM schedules WHERE paused = 0 AND next_slot <= ?1 ORDER BY next_slot LIMIT ?2",
+);
+/// A tick's compare-and-set: the schedule moves past its fired slots only if no other tick
+/// moved it since it was read (same `next_slot`) and it was not paused meanwhile.
+pub const ADVANCE_SCHEDULE_SQL: Sql = Sql::same(
+    "UPDATE schedules SET next_slot = CAST(?3 AS BIGINT), updated_at = CAST(?4 AS BIGINT)
+    WHERE name = ?1 AND next_slot = CAST(?2 AS BIGINT) AND paused = 0",
+);
+/// After a tick's fires: the newest slot fired and the run it queued (if any).
+pub const FIRED_SCHEDULE_SQL: Sql = Sql::same(
+    "UPDATE schedules SET last_slot = CAST(?2 AS BIGINT), last_run_id = coalesce(?3, last_run_id)
+    WHERE name = ?1",
+);
+/// Pause or resume a schedule (?2: 1 or 0).
+pub const PAUSE_SCHEDULE_SQL: Sql = Sql::same(
+    "UPDATE schedules SET paused = CAST(?2 AS BIGINT), updated_at = CAST(?3 AS BIGINT)
+    WHERE name = ?1",
+);
+/// Delete a schedule.
+pub const DELETE_SCHEDULE_SQL: Sql = Sql::same("DELETE FROM schedules WHERE name = ?1");

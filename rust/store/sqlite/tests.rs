@@ -210,7 +210,8 @@ fn an_older_database_migrates_forward_and_keeps_its_rows() {
             (8, "schedule".into(), 9),
             (9, "retry".into(), 9),
             (10, "fan_in".into(), 9),
-            (11, "messages".into(), 9)
+            (11, "messages".into(), 9),
+            (12, "schedules".into(), 9)
         ]
     );
     let kept: String = store

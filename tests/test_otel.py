@@ -187,6 +187,7 @@ def test_the_instruments_count_a_scripted_run(target: str, clock: FakeClock, ote
     assert set(otel.points()) == named - {
         "fencepost.store.busy_retries",
         "fencepost.units.exhausted",
+        "fencepost.schedules.fired",
     }
     assert otel.total("fencepost.lease.takeovers") == 1
     assert otel.total("fencepost.fence.rejections") == STALE_WRITES
@@ -243,6 +244,39 @@ def test_an_exhausted_unit_is_counted_and_logged_once_committed(
     assert [r.__dict__["unit_id"] for r in records] == ["a", "b", "c"]
     assert all(r.levelno == logging.WARNING and r.__dict__["attempts"] == 1 for r in records)
     assert all(r.__dict__["run_id"] == run.run_id for r in records)
+
+
+def test_schedules_and_messages_are_spanned_counted_and_logged(
+    target: str, clock: FakeClock, otel: Otel, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.test_cron_schedules import TEMPLATE
+
+    with (
+        fp.Ledger.open(target, clock=clock) as ledger,
+        caplog.at_level(logging.DEBUG, logger="fencepost"),
+    ):
+        ledger.put_schedule("h", cron="0 * * * *", workflow_name="w", template=TEMPLATE,
+                            overlap="allow", catch_up=2)  # fmt: skip
+        clock.advance(5 * 3_600_000)
+        fired = ledger.tick_schedules()
+        assert len(fired) == 3
+        ledger.pause_schedule("h")
+        claim = ledger.claim(fired[0].run_id, "host-a", lease_ms=10_000)
+        assert claim is not None
+        ledger.send(fired[0].run_id, "t", 1)
+        assert len(ledger.receive(fired[0].run_id, "t", claim=claim)) == 1
+    assert otel.total("fencepost.schedules.fired") == 3
+    ops = "fencepost.operations"
+    for op in ("put_schedule", "tick_schedules", "pause_schedule", "send", "receive"):
+        assert otel.total(ops, operation=op, outcome="ok") == 1, op
+    events = [r.__dict__.get("event") for r in caplog.records]
+    assert events.count("schedule.fired") == 3
+    assert {"schedule.put", "schedule.paused", "message.sent", "message.received"} <= set(events)
+    [put] = [r for r in caplog.records if r.__dict__.get("event") == "schedule.put"]
+    assert (put.levelno, put.__dict__["schedule"]) == (logging.INFO, "h")
+    fires = [r for r in caplog.records if r.__dict__.get("event") == "schedule.fired"]
+    assert [r.__dict__["run_id"] for r in fires] == [r.run_id for r in fired]
+    assert {r.__dict__["schedule"] for r in fires} == {"h"}
 
 
 def test_a_reserved_attempt_keeps_the_trace_context_and_links_back(

@@ -9,17 +9,18 @@ back. Every record carries its fields as ``extra=`` attributes (``event`` names 
 happened), so a structured handler gets them as data rather than parsing the message.
 
 Levels: a takeover, a refused write, a reconnect, a write that gave up on contention and an
-exhausted unit are ``WARNING`` (each means something went wrong somewhere); a migration and a
-prune are ``INFO`` (once per open or per prune); busy retries are ``DEBUG`` (the retries in a
-row between two calls' returns are one record): under contention they are the hot path, and
-nothing there logs at ``INFO``.
+exhausted unit are ``WARNING`` (each means something went wrong somewhere); a migration, a
+prune, a schedule put, paused, resumed or deleted, and a schedule's fire are ``INFO`` (an
+operator's action, or a run queued by the clock); busy retries, messages sent and messages
+received are ``DEBUG`` (the retries in a row between two calls' returns are one record): under
+load they are the hot path, and nothing there logs at ``INFO``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 logger = logging.getLogger("fencepost")
 # A library leaves the output to the application: without a handler of its own the records
@@ -35,6 +36,7 @@ class Sink(Protocol):
     def busy_retries(self, count: int) -> None: ...
     def groups(self, sizes: Sequence[int]) -> None: ...
     def exhausted(self) -> None: ...
+    def fired(self, count: int) -> None: ...
 
 
 sink: Sink | None = None
@@ -159,3 +161,52 @@ def pruned(
             "archive": archive,
         },
     )
+
+
+def schedule_changed(action: str, name: str) -> None:
+    """``put``, ``paused``, ``resumed`` or ``deleted``."""
+    logger.info(
+        "schedule %s %s",
+        name,
+        action,
+        extra={"event": f"schedule.{action}", "schedule": name},
+    )
+
+
+def fired(runs: Sequence[Any]) -> None:
+    """The runs a tick queued: one record each, and the count."""
+    for run in runs:
+        # A fire's run id is the schedule's name, a colon and the slot (17 characters).
+        name = run.run_id[:-18]
+        logger.info(
+            "schedule %s fired: queued run %s, due %s",
+            name,
+            run.run_id,
+            run.not_before.isoformat() if run.not_before else "now",
+            extra={"event": "schedule.fired", "schedule": name, "run_id": run.run_id},
+        )
+    if sink is not None and runs:
+        sink.fired(len(runs))
+
+
+def message_sent(message: Any) -> None:
+    logger.debug(
+        "run %s: message %d on %s",
+        message.run_id,
+        message.seq,
+        message.topic,
+        extra={"event": "message.sent", "run_id": message.run_id, "seq": message.seq,
+               "topic": message.topic},
+    )  # fmt: skip
+
+
+def messages_received(run_id: str, topic: str, messages: Sequence[Any]) -> None:
+    if messages:
+        logger.debug(
+            "run %s: received %d messages on %s",
+            run_id,
+            len(messages),
+            topic,
+            extra={"event": "message.received", "run_id": run_id, "topic": topic,
+                   "seqs": [m.seq for m in messages]},
+        )  # fmt: skip

@@ -827,11 +827,13 @@ class Ledger:
         or ``template``; nothing is written."""
         run = _schedule_template(workflow_name, template)
         try:
-            return self._core.put_schedule(name, cron, timezone, overlap, catch_up, run)
+            schedule = self._core.put_schedule(name, cron, timezone, overlap, catch_up, run)
         except InvalidArgument as e:
             if e.argument in _TEMPLATE_KEYS:
                 raise InvalidArgument(f"template: {e}", argument="template") from None
             raise
+        _observe.schedule_changed("put", name)
+        return schedule
 
     def schedules(self) -> list[Schedule]:
         """Every schedule, by name."""
@@ -840,16 +842,19 @@ class Ledger:
     def pause_schedule(self, name: str) -> None:
         """Stop firing ``name`` until ``resume_schedule``; ``NotFound`` for an unknown name."""
         self._core.pause_schedule(name)
+        _observe.schedule_changed("paused", name)
 
     def resume_schedule(self, name: str) -> None:
         """Fire ``name`` again: the next tick fires its newest due slot and at most
         ``catch_up`` of the slots missed while it was paused. ``NotFound`` for an unknown
         name."""
         self._core.resume_schedule(name)
+        _observe.schedule_changed("resumed", name)
 
     def delete_schedule(self, name: str) -> None:
         """Delete ``name`` (the runs it queued stay); ``NotFound`` for an unknown name."""
         self._core.delete_schedule(name)
+        _observe.schedule_changed("deleted", name)
 
     def tick_schedules(self) -> list[Run]:
         """Fire every due slot of every schedule that is not paused, exactly once however many
@@ -858,7 +863,9 @@ class Ledger:
         by compare-and-set in the same transaction. Returns the runs this call queued. Call it
         from a loop or a timer (``fencepost tick --every 1s``); a slot fires at the first tick
         at or after it."""
-        return self._core.tick_schedules()
+        runs = self._core.tick_schedules()
+        _observe.fired(runs)
+        return runs
 
     # ------------------------------------------------------------------ messages
 
@@ -870,7 +877,9 @@ class Ledger:
         answers the first message, whatever this payload, and writes nothing (so a sender may
         retry freely). ``RunNotFound`` for an unknown run; ``RunNotActive`` for a run that has
         ended (nobody could receive it), unless the key was sent before."""
-        return self._core.send(run_id, topic, payload, key)
+        message = self._core.send(run_id, topic, payload, key)
+        _observe.message_sent(message)
+        return message
 
     def receive(self, run_id: str, topic: str, *, claim: Claim, limit: int = 1) -> list[Message]:
         """Take the oldest messages of ``topic`` that nobody has received (at most ``limit``,
@@ -879,7 +888,9 @@ class Ledger:
         receivers try at once. A taken message stays listed by ``messages`` with its
         ``consumed_at``; receiving writes no event. ``LeaseLost`` under a stale claim,
         ``RunNotActive`` for a run that has ended (nothing is taken)."""
-        return self._core.receive(run_id, topic, claim, limit)
+        taken = self._core.receive(run_id, topic, claim, limit)
+        _observe.messages_received(run_id, topic, taken)
+        return taken
 
     def messages(
         self, run_id: str, *, topic: str | None = None, after_seq: int = 0, limit: int = 100

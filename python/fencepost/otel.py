@@ -21,6 +21,7 @@ records these instruments:
 ``fencepost.commit.group_size``           histogram  calls per group-commit transaction
 ``fencepost.store.busy_retries``          counter    contended writes tried again
 ``fencepost.units.exhausted``             counter    units a failed attempt exhausted
+``fencepost.schedules.fired``             counter    runs queued by schedules' fires
 ========================================  =========  =========================================
 
 ``outcome`` is ``ok``, ``refused`` (the ledger said no: a ``LedgerError`` other than the
@@ -94,6 +95,7 @@ INSTRUMENTS: Final = (
     ("fencepost.store.busy_retries", "counter", "{retry}", "Contended writes tried again"),
     ("fencepost.units.exhausted", "counter", "{unit}",
      "Units whose failed attempt was the last their retry policy allows"),
+    ("fencepost.schedules.fired", "counter", "{run}", "Runs queued by schedules' fires"),
 )  # fmt: skip
 """Every instrument: name, kind, unit, description."""
 
@@ -139,6 +141,7 @@ class _Telemetry:
         self.group_size: Histogram = histograms["fencepost.commit.group_size"]
         self.retries: Counter = counters["fencepost.store.busy_retries"]
         self.exhaustions: Counter = counters["fencepost.units.exhausted"]
+        self.fires: Counter = counters["fencepost.schedules.fired"]
 
     def live(self) -> bool:
         """Whether a provider is set (once one is, it stays: OpenTelemetry refuses to replace
@@ -176,6 +179,9 @@ class _Telemetry:
 
     def exhausted(self) -> None:
         self.exhaustions.add(1)
+
+    def fired(self, count: int) -> None:
+        self.fires.add(count)
 
     def start(self, name: str, run_id: str | None) -> trace.Span:
         attributes: dict[str, str] = {

@@ -10,6 +10,10 @@ import asyncio
 import datetime as dt
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from typing import Any
 
 import pytest
@@ -331,3 +335,28 @@ def test_cli_lists_pauses_and_ticks(tmp_path: Any, clock: FakeClock) -> None:
     missing = cli("schedules", "--pause", "nope", "--db", db)
     assert missing.returncode == 1
     assert "schedule" in missing.stderr
+
+
+def test_cli_tick_every_loops_until_sigterm(tmp_path: Any, clock: FakeClock) -> None:
+    db = str(tmp_path / "l.db")
+    with fp.Ledger.open(db, clock=clock) as ledger:
+        put(ledger, "yearly", cron="0 0 1 1 *")
+        put(ledger, "midyear", cron="0 12 1 7 *")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fencepost", "tick", "--every", "1s", "--db", db, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        assert {line["run_id"].split(":")[0] for line in lines} == {"yearly", "midyear"}
+        time.sleep(1.5)  # a second round finds nothing new due
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert out == ""
+    with fp.Ledger.open(db) as ledger:
+        assert len(ledger.list_runs(limit=100)) == 2

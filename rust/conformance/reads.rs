@@ -22,7 +22,8 @@ conformance!(
     scheduling_is_read_by_index,
     unit_retries_are_read_by_index,
     a_childs_end_probes_for_live_siblings,
-    messages_are_read_by_index
+    messages_are_read_by_index,
+    due_schedules_are_read_by_index
 );
 
 /// `p0` and 3 000 more runs (see [`many_runs`]).
@@ -749,4 +750,38 @@ fn messages_are_read_by_index(store: &mut dyn Store) {
         !page.contains("Sort") && !page.contains("TEMP B-TREE"),
         "no sort:\n{page}"
     );
+}
+
+/// A tick's read of the due schedules: a range of `schedules_due` (the schedules not paused,
+/// by next slot), however many schedules there are and however many are paused.
+fn due_schedules_are_read_by_index(store: &mut dyn Store) {
+    let many = Sql::same(
+        "INSERT INTO schedules (name, cron, timezone, overlap, catch_up, paused, next_slot,
+            workflow_name, workflow_ref, source, definition_digest, definition, input,
+            launch_options, runner_id, origin_session_id, priority, created_at, updated_at)
+        WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 9999)
+        SELECT 's' || CAST(i AS TEXT), '* * * * *', 'UTC', 'skip', 0,
+            CASE WHEN i % 3 = 0 THEN 1 ELSE 0 END, i * 1000, 'w', 'w', '{}', 'd', '{}',
+            'null', '{}', 'r', 'o', 0, 0, 0
+        FROM n",
+    );
+    store
+        .write("filling schedules", |tx| {
+            tx.exec(&many, params![]).map(|_| ())
+        })
+        .expect("fill schedules");
+    analyze(store);
+    let p = plan(
+        store,
+        &sql::DUE_SCHEDULES_SQL,
+        params![50_000_i64, 1000_i64],
+    );
+    assert!(p.contains("schedules_due"), "by schedules_due:\n{p}");
+    let walks = p.lines().any(|l| {
+        l.contains("SCAN schedules") && !l.contains("USING")
+            || l.contains("Seq Scan on schedules")
+            || l.contains("TEMP B-TREE")
+            || l.contains("Sort")
+    });
+    assert!(!walks, "no scan, no sort:\n{p}");
 }

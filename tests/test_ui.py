@@ -32,7 +32,7 @@ import pytest
 
 import fencepost as fp
 from fencepost.ui import api, server
-from tests.conftest import STEPS, FakeClock, cli, counts, queued, started
+from tests.conftest import DEFINITION, STEPS, FakeClock, cli, counts, queued, started
 from tests.uiserve import get_json, request, served
 
 HOSTILE = "<script>alert(1)</script>\"'&\u2028\u202e é🙂 </textarea><img src=x onerror=alert(2)>"
@@ -389,6 +389,112 @@ def test_the_retries_page_lists_due_and_exhausted_units(
             answer = request(srv, "/api/retries", params=bad)
             assert answer.status == 400, (bad, answer.body)
         assert request(srv, "/api/retries", params={"run": "nope"}).status == 404
+
+
+# ------------------------------------------------------------------ schedules
+
+SCHEDULE_TEMPLATE = {
+    "workflow_ref": "report@1",
+    "source": {"kind": "builtin", "id": "report"},
+    "definition_digest": fp.digest(DEFINITION),
+    "definition": DEFINITION,
+    "runner_id": "host-a",
+    "origin_session_id": "cron",
+}
+
+
+def _dec6(hour: int, minute: int) -> int:
+    """Epoch ms of a UTC wall time on 2026-12-06."""
+    return int(dt.datetime(2026, 12, 6, hour, minute, tzinfo=dt.UTC).timestamp() * 1000)
+
+
+def test_the_schedules_page_lists_schedules_and_their_last_runs(
+    filled: fp.Ledger, target: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with served(target, clock=clock) as srv:
+        empty = get_json(srv, "/api/schedules")
+        assert (empty["schedules"], empty["total"], empty["more"]) == ([], 0, False)
+
+    def put(name: str, cron: str, **kw: Any) -> None:
+        kw.setdefault("workflow_name", "report")
+        filled.put_schedule(name, cron=cron, template=SCHEDULE_TEMPLATE, **kw)
+
+    clock.now = _dec6(0, 0)
+    put("hourly", "0 * * * *", timezone="Europe/Berlin", overlap="allow", catch_up=2)
+    put("nightly", "0 3 * * *", workflow_name=HOSTILE)
+    put("paused", "*/15 * * * *")
+    filled.pause_schedule("paused")
+    put("skipper", "*/10 * * * *")
+    put("gone", "0 * * * *")
+    clock.now = _dec6(1, 0)
+    assert len(filled.tick_schedules()) == 3  # hourly, skipper, gone
+    assert filled.abandon_run("gone:2026-12-06T01:00Z")
+    clock.now = _dec6(1, 10)
+    # skipper's run is still queued: its 01:10 slot goes by without a run.
+    assert filled.tick_schedules() == []
+    assert filled.abandon_run("hourly:2026-12-06T01:00Z")
+    clock.now = _dec6(1, 12)
+    # gone's run (ended at 01:00) leaves the ledger; hourly's (ended at 01:10) stays.
+    assert filled.prune(older_than=dt.timedelta(minutes=10)).runs == 1
+
+    reads: list[str] = []
+    get_run = fp.Ledger.get_run
+
+    def counted(self: fp.Ledger, run_id: str) -> fp.Run | None:
+        reads.append(run_id)
+        return get_run(self, run_id)
+
+    monkeypatch.setattr(fp.Ledger, "get_run", counted)
+    with served(target, clock=clock) as srv:
+        answer = request(srv, "/api/schedules")
+        assert answer.status == 200
+        assert_inert(answer.body)
+        page = answer.json()
+        assert page["now"] == "2026-12-06T01:12:00.000Z"
+        assert (page["total"], page["more"], page["shown_max"]) == (5, False, 200)
+        rows = {row["name"]: row for row in page["schedules"]}
+        assert list(rows) == ["gone", "hourly", "nightly", "paused", "skipper"]
+        assert rows["hourly"] == {
+            "name": "hourly",
+            "cron": "0 * * * *",
+            "timezone": "Europe/Berlin",
+            "workflow_name": "report",
+            "overlap": "allow",
+            "catch_up": 2,
+            "paused": False,
+            "next_slot": "2026-12-06T02:00:00.000Z",
+            "next_in_ms": 48 * 60_000,
+            "last_slot": "2026-12-06T01:00:00.000Z",
+            "last_run_id": "hourly:2026-12-06T01:00Z",
+            "last_run_status": "cancelled",
+        }
+        never = rows["nightly"]
+        assert never["workflow_name"] == HOSTILE
+        assert (never["next_slot"], never["next_in_ms"]) == ("2026-12-06T03:00:00.000Z", 6_480_000)
+        assert (never["last_slot"], never["last_run_id"], never["last_run_status"]) == (
+            None, None, None
+        )  # fmt: skip
+        # Paused: its next slot went by unfired.
+        assert rows["paused"]["paused"] is True
+        assert rows["paused"]["next_in_ms"] == -57 * 60_000
+        skipped = rows["skipper"]
+        assert (skipped["last_slot"], skipped["last_run_id"], skipped["last_run_status"]) == (
+            "2026-12-06T01:10:00.000Z", "skipper:2026-12-06T01:00Z", "queued"
+        )  # fmt: skip
+        assert skipped["next_in_ms"] == 8 * 60_000
+        # A pruned last run: its id stays on the schedule, without a status.
+        assert (rows["gone"]["last_run_id"], rows["gone"]["last_run_status"]) == (
+            "gone:2026-12-06T01:00Z", None
+        )  # fmt: skip
+        # One read of a run per schedule that fired, none for the others.
+        assert sorted(reads) == sorted(r["last_run_id"] for r in rows.values() if r["last_run_id"])
+        # Capped: the first schedules by name, the rest counted, and only their runs read.
+        monkeypatch.setattr(api, "SCHEDULES_SHOWN", 2)
+        reads.clear()
+        capped = get_json(srv, "/api/schedules")
+        assert [r["name"] for r in capped["schedules"]] == ["gone", "hourly"]
+        assert (capped["total"], capped["more"], capped["shown_max"]) == (5, True, 2)
+        assert sorted(reads) == ["gone:2026-12-06T01:00Z", "hourly:2026-12-06T01:00Z"]
 
 
 # ------------------------------------------------------------------ events

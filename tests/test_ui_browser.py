@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 import fencepost as fp
+from fencepost._format import iso
 from fencepost.ui import DashboardServer, api
 from tests.uiserve import served
 
@@ -629,4 +630,112 @@ def test_retries_page(browser: Any, retries_dashboard: DashboardServer) -> None:
     assert ledger.retry_units("run-a", ["dead-1"]) == 1
     page.until(lambda: units() == [], "the retried unit to leave the dead letters", timeout=15)
     assert page.driver.execute_script("return window.__pwned === undefined")
+    page.no_errors_logged()
+
+
+@dataclasses.dataclass
+class Schedules:
+    server: DashboardServer
+    fired: dict[str, str]  # schedule name -> the run its last fire queued
+
+
+@pytest.fixture(scope="module")
+def schedules_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Schedules]:
+    """A ledger with four schedules made two days ago and ticked now: a nightly one (its run
+    queued), an hourly one (its run cancelled), one paused after it fired, and one made now
+    that has not fired, whose workflow name is markup. Served on the system's clock."""
+    db = str(tmp_path_factory.mktemp("ui-schedules") / "schedules.db")
+    now = time.time_ns() // 1_000_000
+    at = [now - 2 * 86_400_000]
+    template = {
+        "workflow_ref": "report@1", "source": {"kind": "builtin", "id": "report"},
+        "definition_digest": fp.digest({}), "definition": {}, "runner_id": "controller-1",
+        "origin_session_id": "cron",
+    }  # fmt: skip
+    with fp.Ledger.open(db, clock=lambda: at[0]) as ledger:
+        ledger.put_schedule("nightly", cron="0 3 * * *", workflow_name="report", template=template)
+        ledger.put_schedule(
+            "hourly", cron="0 * * * *", workflow_name="sync", template=template,
+            timezone="Europe/Berlin", overlap="allow", catch_up=2,
+        )  # fmt: skip
+        ledger.put_schedule("often", cron="*/5 * * * *", workflow_name="poll", template=template)
+        at[0] = now
+        fired = {r.run_id.split(":")[0]: r.run_id for r in ledger.tick_schedules()}
+        assert sorted(fired) == ["hourly", "nightly", "often"]
+        ledger.pause_schedule("often")
+        assert ledger.abandon_run(fired["hourly"])
+        ledger.put_schedule("yearly", cron="0 0 1 1 *", workflow_name=HOSTILE, template=template)
+    with served(db) as server:
+        yield Schedules(server, fired)
+
+
+def test_schedules_page(browser: Any, schedules_dashboard: Schedules) -> None:
+    page = Page(browser, schedules_dashboard.server)
+    fired = schedules_dashboard.fired
+
+    def rows() -> dict[str, list[str]]:
+        return dict(_rows(page, "table.schedules tr.schedule", "data-name"))
+
+    # From the nav, after Retries.
+    page.open("runs")
+    nav = [a.get_attribute("data-page") for a in page.all("#nav a")]
+    assert nav[nav.index("retries") + 1] == "schedules"
+    _click(page, "#nav a[data-page=schedules]")
+    page.ready("schedules")
+    assert "current" in page.css("#nav a[data-page=schedules]").get_attribute("class")
+    shown = rows()
+    assert list(shown) == ["hourly", "nightly", "often", "yearly"]
+    name, cron, workflow, overlap, next_fire, last_run = shown["nightly"]
+    assert (name, cron, workflow, overlap) == (
+        "nightly",
+        "0 3 * * * UTC",
+        "report",
+        "skip, catch-up 0",
+    )
+    assert next_fire.startswith("in ")
+    assert last_run.startswith(fired["nightly"] + " queued")
+    assert "last slot" in last_run
+    # The exact time of the next fire is the relative one's title.
+    [schedule] = [
+        s for s in schedules_dashboard.server.dashboard.ledger.schedules() if s.name == "nightly"
+    ]
+    assert schedule.next_slot is not None
+    title = page.driver.execute_script(
+        "return document.querySelector('tr.schedule[data-name=nightly] time').title"
+    )
+    assert title == iso(schedule.next_slot)
+    assert shown["hourly"][1:4] == ["0 * * * * Europe/Berlin", "sync", "allow, catch-up 2"]
+    assert shown["hourly"][5].startswith(fired["hourly"] + " cancelled")
+    # Paused: a pill instead of a time; its last run still shown.
+    assert shown["often"][4] == "paused"
+    assert page.all("tr.schedule[data-name=often] .pill.s-paused")
+    assert shown["often"][5].startswith(fired["often"] + " queued")
+    # Never fired; the markup in its workflow name is text.
+    assert shown["yearly"][2] == HOSTILE
+    assert shown["yearly"][5] == "never fired"
+    assert not page.all("tr.schedule[data-name=yearly] a")
+    page.shot("schedules")
+
+    # A pause made meanwhile shows at the next refresh.
+    with fp.Ledger.open(schedules_dashboard.server.dashboard.target) as ledger:
+        ledger.pause_schedule("nightly")
+    page.until(lambda: rows()["nightly"][4] == "paused", "nightly's pause", timeout=15)
+
+    # The last run's link opens the run's page.
+    _click(page, "tr.schedule[data-name=nightly] a.id")
+    page.ready("run")
+    assert page.css("#run-id").text == fired["nightly"]
+    assert page.driver.execute_script("return window.__pwned === undefined")
+    page.no_errors_logged()
+
+
+def test_schedules_page_when_there_are_none(
+    browser: Any, hostile_dashboard: DashboardServer
+) -> None:
+    page = Page(browser, hostile_dashboard)
+    page.open("schedules")
+    assert not page.all("tr.schedule")
+    assert page.css("table.schedules td.empty").text == (
+        "No schedules. put_schedule creates one; fencepost tick fires them."
+    )
     page.no_errors_logged()

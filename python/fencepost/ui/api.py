@@ -44,6 +44,7 @@ __all__ = [
     "run_filter",
     "run_totals",
     "runs_page",
+    "schedules_page",
     "units_page",
 ]
 
@@ -63,6 +64,8 @@ LEASES_SHOWN = 100
 # (a count is a walk of an index, and the page repeats it every few seconds).
 QUEUE_KEYS_SHOWN = 100
 QUEUE_COUNT_MAX = 10_000
+# Schedules listed on the schedules page, by name; each costs one read of its last run.
+SCHEDULES_SHOWN = 200
 # JSON documents in lists (results, payloads) and on a run's page (params, outputs, evidence).
 CLIP_LIST = 2_000
 CLIP_DETAIL = 64_000
@@ -669,6 +672,47 @@ def _after_unit(cursor: str | None, kind: str) -> fp.Unit | None:
         attempts=0, result=None, tokens=None, failure_reason=None, claim_holder=None,
         retry_at=retry_at,
     )  # fmt: skip
+
+
+def schedules_page(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
+    """The cron schedules, by name: each with its next slot (and how far off it is at
+    ``now_ms``), its newest fired slot and the status of the run that fire queued (``None``
+    when that run is no longer in the ledger). No query fields.
+
+    Reads: one of every schedule (made by hand, so few; ``Ledger.schedules`` has no paging),
+    of which the first :data:`SCHEDULES_SHOWN` are shown (``more`` says whether there are
+    others, ``total`` how many), then one ``get_run`` by primary key per shown schedule that
+    has fired: at most :data:`SCHEDULES_SHOWN` + 1 reads, however many runs the schedules
+    queued."""
+    schedules = ledger.schedules()
+    shown = schedules[:SCHEDULES_SHOWN]
+    rows = []
+    for s in shown:
+        last = ledger.get_run(s.last_run_id) if s.last_run_id else None
+        next_ms = None if s.next_slot is None else fp.models.to_ms(s.next_slot)
+        rows.append(
+            {
+                "name": s.name,
+                "cron": s.cron,
+                "timezone": s.timezone,
+                "workflow_name": s.workflow_name,
+                "overlap": s.overlap,
+                "catch_up": s.catch_up,
+                "paused": s.paused,
+                "next_slot": None if s.next_slot is None else iso(s.next_slot),
+                "next_in_ms": None if next_ms is None else next_ms - now_ms,
+                "last_slot": None if s.last_slot is None else iso(s.last_slot),
+                "last_run_id": s.last_run_id,
+                "last_run_status": None if last is None else last.status,
+            }
+        )
+    return {
+        "now": iso(fp.models.from_ms(now_ms)),
+        "schedules": rows,
+        "total": len(schedules),
+        "more": len(schedules) > len(shown),
+        "shown_max": SCHEDULES_SHOWN,
+    }
 
 
 def _queue_cursor(run: fp.Run) -> str:

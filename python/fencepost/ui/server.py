@@ -616,6 +616,9 @@ class Handler(BaseHTTPRequestHandler):
     def api_retries(self, ledger: fp.Ledger, query: api.Query) -> Any:
         return api.retries_page(ledger, query, self.app.now_ms())
 
+    def api_schedules(self, ledger: fp.Ledger, query: api.Query) -> Any:
+        return api.schedules_page(ledger, query, self.app.now_ms())
+
     def api_events(self, ledger: fp.Ledger, query: api.Query) -> Any:
         page = api.events_page(ledger, query, self.app.head_hint())
         self.app.saw_head(page["head"])
@@ -638,6 +641,7 @@ ROUTES: dict[str, Callable[[Handler, fp.Ledger, api.Query], Any]] = {
     "/api/leases": Handler.api_leases,
     "/api/queue": Handler.api_queue,
     "/api/retries": Handler.api_retries,
+    "/api/schedules": Handler.api_schedules,
     "/api/events": Handler.api_events,
     "/api/throughput": Handler.api_throughput,
     "/api/doctor": Handler.api_doctor,

@@ -845,6 +845,77 @@
     teardown.push(() => clearInterval(timer));
   };
 
+  // ---------------------------------------------------------------- schedules
+
+  pages.schedules = async function (view, params, live) {
+    view.appendChild(
+      h(
+        "div",
+        { class: "head" },
+        h("h1", null, "Schedules"),
+        h("div", { class: "sub muted" }, "Refreshes every 5 s. The cron schedules, when each fires next and the run its last fire queued. Read-only: ", h("code", null, "fencepost schedules"), " pauses and resumes them; ", h("code", null, "fencepost tick"), " fires their due slots.")
+      )
+    );
+    const body = h("div");
+    view.appendChild(body);
+    const draw = async () => {
+      const data = await api("schedules");
+      if (!live()) return;
+      // Times relative to the server's clock, as next_in_ms is.
+      const nowMs = new Date(data.now).getTime();
+      const next = (s) => {
+        if (s.paused) return h("span", { title: s.next_slot ? "next slot " + s.next_slot + ", not fired while paused" : null }, pill("paused"));
+        if (s.next_slot === null) return h("span", { class: "muted" }, "no slot left");
+        // A slot gone by means no tick has run since: say so rather than "ago".
+        return h("time", { datetime: s.next_slot, title: s.next_slot }, s.next_in_ms > 0 ? relative(s.next_in_ms) : "due, " + relative(s.next_in_ms));
+      };
+      const last = (s) => {
+        if (s.last_run_id === null) return h("span", { class: "muted" }, s.last_slot === null ? "never fired" : "–");
+        return [
+          s.last_run_status === null
+            ? [h("span", { class: "id", title: s.last_run_id }, s.last_run_id), " ", h("span", { class: "muted" }, "(no longer in the ledger)")]
+            : [runLink(s.last_run_id), " ", pill(s.last_run_status)],
+          // The newest slot may be newer than the run's: a skipped slot (overlap skip) queues none.
+          s.last_slot ? h("div", { class: "step-meta" }, "last slot ", ago(s.last_slot, nowMs)) : null,
+        ];
+      };
+      const row = (s) =>
+        h(
+          "tr",
+          { class: "schedule", data: { name: s.name } },
+          h("td", { class: "nowrap" }, h("span", { class: "id" }, s.name)),
+          h("td", { class: "nowrap" }, h("code", null, s.cron), " ", h("span", { class: "muted" }, s.timezone)),
+          h("td", null, s.workflow_name),
+          h(
+            "td",
+            { class: "nowrap", title: s.overlap === "skip" ? "a slot is skipped while the last fired run has not ended" : "fires even while the last fired run has not ended" },
+            s.overlap,
+            ", catch-up " + s.catch_up
+          ),
+          h("td", { class: "nowrap" }, next(s)),
+          h("td", { class: "nowrap" }, last(s))
+        );
+      const fresh = h(
+        "div",
+        null,
+        h(
+          "section",
+          { class: "panel flush" },
+          table(["Name", "Cron", "Workflow", "Overlap / catch-up", "Next fire", "Last run"], data.schedules.map(row), {
+            class: "schedules",
+            empty: ["No schedules. ", h("code", null, "put_schedule"), " creates one; ", h("code", null, "fencepost tick"), " fires them."],
+          })
+        ),
+        data.more ? h("p", { class: "muted", id: "schedules-more" }, "The first " + data.schedules.length + " of " + num(data.total) + ", by name.") : null
+      );
+      clear(body);
+      body.appendChild(fresh);
+    };
+    await draw();
+    const timer = setInterval(() => draw().catch((e) => live() && showError(e.message)), 5000);
+    teardown.push(() => clearInterval(timer));
+  };
+
   // ---------------------------------------------------------------- live tail
 
   pages.tail = async function (view, params, live) {

@@ -203,6 +203,8 @@ pub struct Schedule {
     pub created_at: i64,
     /// When it was last put, paused, resumed or fired.
     pub updated_at: i64,
+    /// The status of `last_run_id`'s run, as read with the schedule (`None` once it is pruned).
+    pub last_run_status: Option<RunStatus>,
 }
 
 fn schedule_row(r: &dyn Row) -> DbResult<Schedule> {
@@ -230,6 +232,7 @@ fn schedule_row(r: &dyn Row) -> DbResult<Schedule> {
         retry_policy: r.get(20)?,
         created_at: r.get(21)?,
         updated_at: r.get(22)?,
+        last_run_status: r.get(23)?,
     })
 }
 

@@ -73,6 +73,7 @@ def test_a_schedule_fires_its_slot_once(ledger: fp.Ledger, clock: FakeClock) -> 
     [s] = ledger.schedules()
     assert s.next_slot == dt.datetime(2026, 12, 7, 3, 0, tzinfo=UTC)
     assert (s.last_slot, s.last_run_id) == (run.not_before, run.run_id)
+    assert s.last_run_status == "queued"
     # The queued run is an ordinary one: claim_next hands it out.
     [claim] = ledger.claim_next("host-a", lease_ms=10_000)
     assert claim.run_id == run.run_id

@@ -339,8 +339,9 @@ class Schedule:
     """A cron schedule (``Ledger.put_schedule``). ``template`` holds the ``reserve_run``
     keywords each fire queues its run with (all of them, defaults filled in); ``next_slot`` is
     the first slot not fired yet (``None`` if the cron has none left), ``last_slot`` the newest
-    fired, ``last_run_id`` the run of the newest fire that queued one. ``paused`` schedules are
-    passed over by ``tick_schedules``."""
+    fired, ``last_run_id`` the run of the newest fire that queued one and ``last_run_status``
+    its status, read with the schedule (``None`` once that run is pruned). ``paused``
+    schedules are passed over by ``tick_schedules``."""
 
     name: str
     cron: str
@@ -353,6 +354,7 @@ class Schedule:
     next_slot: _dt.datetime | None
     last_slot: _dt.datetime | None
     last_run_id: str | None
+    last_run_status: RunStatus | None
     created_at: _dt.datetime
     updated_at: _dt.datetime
 

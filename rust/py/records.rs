@@ -30,6 +30,7 @@ use crate::model::{
 };
 use crate::queue::Preparation;
 use crate::schedules::Schedule;
+use crate::status::RunStatus;
 
 /// A model class of `fencepost.models` and its number of fields.
 struct Model {
@@ -473,6 +474,7 @@ pub fn schedule(py: Python<'_>, s: Schedule) -> PyResult<Bound<'_, PyAny>> {
         "next_slot" => opt_datetime(py, c, next_slot)?,
         "last_slot" => opt_datetime(py, c, s.last_slot)?,
         "last_run_id" => s.last_run_id,
+        "last_run_status" => s.last_run_status.map(RunStatus::as_str),
         "created_at" => datetime(py, c, s.created_at)?,
         "updated_at" => datetime(py, c, s.updated_at)?,
     )

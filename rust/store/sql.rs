@@ -1193,13 +1193,15 @@ pub const TOPIC_MESSAGES_SQL: Sql = Sql::split(
     ),
 );
 
-/// A schedule's columns, in [`crate::schedules`]' row order.
+/// A schedule's columns, in [`crate::schedules`]' row order, and the status of its last fire's
+/// run (one probe of the runs' primary key; NULL once that run is pruned).
 macro_rules! schedule_columns {
     () => {
         "name, cron, timezone, overlap, catch_up, paused, next_slot, last_slot, last_run_id,
         workflow_name, workflow_ref, source, definition_digest, definition, input,
         launch_options, runner_id, origin_session_id, priority, concurrency_key, retry_policy,
-        created_at, updated_at"
+        created_at, updated_at,
+        (SELECT status FROM runs WHERE runs.run_id = schedules.last_run_id)"
     };
 }
 /// `put_schedule`: a new schedule, or the named one replaced (its last fire and creation time

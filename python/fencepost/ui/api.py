@@ -679,16 +679,13 @@ def schedules_page(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, An
     ``now_ms``), its newest fired slot and the status of the run that fire queued (``None``
     when that run is no longer in the ledger). No query fields.
 
-    Reads: one of every schedule (made by hand, so few; ``Ledger.schedules`` has no paging),
-    of which the first :data:`SCHEDULES_SHOWN` are shown (``more`` says whether there are
-    others, ``total`` how many), then one ``get_run`` by primary key per shown schedule that
-    has fired: at most :data:`SCHEDULES_SHOWN` + 1 reads, however many runs the schedules
-    queued."""
+    Reads: one, ``Ledger.schedules`` (made by hand, so few; it has no paging), which carries
+    each last run's status; the first :data:`SCHEDULES_SHOWN` are shown (``more`` says
+    whether there are others, ``total`` how many)."""
     schedules = ledger.schedules()
     shown = schedules[:SCHEDULES_SHOWN]
     rows = []
     for s in shown:
-        last = ledger.get_run(s.last_run_id) if s.last_run_id else None
         next_ms = None if s.next_slot is None else fp.models.to_ms(s.next_slot)
         rows.append(
             {
@@ -703,7 +700,7 @@ def schedules_page(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, An
                 "next_in_ms": None if next_ms is None else next_ms - now_ms,
                 "last_slot": None if s.last_slot is None else iso(s.last_slot),
                 "last_run_id": s.last_run_id,
-                "last_run_status": None if last is None else last.status,
+                "last_run_status": s.last_run_status,
             }
         )
     return {

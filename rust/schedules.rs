@@ -129,28 +129,14 @@ fn check_name(name: &str) -> Result<()> {
 /// minute (`nightly:2026-03-08T07:30Z`). Readable, sorted by slot, and the same for every
 /// ticker, so a slot's run can be found (and is queued once) whoever fired it.
 pub fn fire_id(name: &str, slot_ms: i64) -> String {
-    let minutes = slot_ms.div_euclid(60_000);
-    let (days, minute_of_day) = (minutes.div_euclid(1440), minutes.rem_euclid(1440));
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{name}:{y:04}-{m:02}-{d:02}T{:02}:{:02}Z",
-        minute_of_day / 60,
-        minute_of_day % 60
-    )
-}
-
-/// The proleptic Gregorian date of a day count from 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+    // Slots come from `CronSchedule::next_after`, within jiff's range; the clamp keeps a
+    // hand-made out-of-range time from panicking.
+    let at = jiff::Timestamp::from_millisecond(slot_ms).unwrap_or(if slot_ms < 0 {
+        jiff::Timestamp::MIN
+    } else {
+        jiff::Timestamp::MAX
+    });
+    format!("{name}:{}", at.strftime("%Y-%m-%dT%H:%MZ"))
 }
 
 /// A schedule as stored.

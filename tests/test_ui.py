@@ -32,7 +32,8 @@ import pytest
 
 import fencepost as fp
 from fencepost.ui import api, server
-from tests.conftest import DEFINITION, STEPS, FakeClock, cli, counts, queued, started
+from tests.conftest import STEPS, FakeClock, cli, counts, queued, started
+from tests.test_cron_schedules import TEMPLATE
 from tests.uiserve import get_json, request, served
 
 HOSTILE = "<script>alert(1)</script>\"'&\u2028\u202e é🙂 </textarea><img src=x onerror=alert(2)>"
@@ -393,14 +394,7 @@ def test_the_retries_page_lists_due_and_exhausted_units(
 
 # ------------------------------------------------------------------ schedules
 
-SCHEDULE_TEMPLATE = {
-    "workflow_ref": "report@1",
-    "source": {"kind": "builtin", "id": "report"},
-    "definition_digest": fp.digest(DEFINITION),
-    "definition": DEFINITION,
-    "runner_id": "host-a",
-    "origin_session_id": "cron",
-}
+SCHEDULE_TEMPLATE = TEMPLATE
 
 
 def _dec6(hour: int, minute: int) -> int:

@@ -198,7 +198,7 @@ BAD = """
     import fencepost as fp
 
 
-    def misuse(ledger: fp.Ledger, run: fp.Run) -> None:
+    def misuse(ledger: fp.Ledger, run: fp.Run, claim: fp.Claim) -> None:
         prep = ledger.prepare_or_adopt(
             "run-1", workflow_name="wf", workflow_ref="wf@1", source={},
             definition_digest="sha256:x", definition={}, runner_id="host-a",
@@ -210,6 +210,13 @@ BAD = """
         ledger.set_outputs(run.run_id, {}, claim="a token")  # E: arg-type
         kind: fp.ReservationKind = "reclaim"  # E: assignment
         print(kind)
+        ledger.set_status(run.run_id, "actve", claim=claim)  # E: arg-type
+        ledger.list_runs(status="complted")  # E: arg-type
+        ledger.list_runs(status=["completed", "faild"])  # E: list-item
+        ledger.finish_attempt(run.run_id, "u", 1, "d", status="done")  # E: arg-type
+        ledger.units(run.run_id, status="exhaustd")  # E: arg-type
+        ledger.complete_step(run.run_id, "s", status="complete")  # E: arg-type
+        ledger.prune(older_than=run.updated_at - run.created_at, statuses="done")  # E: arg-type
 """
 
 
@@ -241,5 +248,5 @@ def test_mypy_strict_reports_misuse(tmp_path: pathlib.Path) -> None:
         for i, line in enumerate(lines, start=1)
         if "# E: " in line
     ]
-    assert len(expected) == 4
+    assert len(expected) == 11
     assert run_mypy(tmp_path, BAD) == expected

@@ -23,6 +23,7 @@ from fencepost.models import (
     Accounting,
     AdoptedPreparation,
     Attempt,
+    AttemptStatus,
     ChildSummary,
     Claim,
     ClaimedPreparation,
@@ -36,9 +37,12 @@ from fencepost.models import (
     QueueOverview,
     Reservation,
     Run,
+    RunStatus,
     Schedule,
     Step,
+    StepStatus,
     Unit,
+    UnitStatus,
     from_ms,
     to_ms,
 )
@@ -491,7 +495,7 @@ class Ledger:
         workflow_refs: Iterable[str] | None = None,
         active_only: bool = False,
         include_children: bool = False,
-        status: str | Iterable[str] | None = None,
+        status: RunStatus | Iterable[RunStatus] | None = None,
         limit: int | None = None,
         after: Run | None = None,
     ) -> list[Run]:
@@ -559,7 +563,7 @@ class Ledger:
         run_id: str,
         step_id: str,
         *,
-        status: str = "completed",
+        status: StepStatus = "completed",
         notes: str | None = None,
         evidence: Any = None,
         summary: str | None = None,
@@ -671,7 +675,7 @@ class Ledger:
         attempt: int,
         dispatch_id: str,
         *,
-        status: str,
+        status: AttemptStatus,
         result: Any = None,
         tokens: int | None = None,
         failure_reason: str | None = None,
@@ -712,7 +716,7 @@ class Ledger:
         run_id: str,
         *,
         step_id: str | None = None,
-        status: str | None = None,
+        status: UnitStatus | None = None,
         limit: int | None = None,
         after: str | None = None,
     ) -> list[Unit]:
@@ -1118,7 +1122,7 @@ class Ledger:
         """Give the lease up (owner cleared, generation kept); ``LeaseLost`` if stale."""
         self._core.release(claim)
 
-    def set_status(self, run_id: str, status: str, *, claim: Claim) -> Run:
+    def set_status(self, run_id: str, status: RunStatus, *, claim: Claim) -> Run:
         """Move a claimed run along its lifecycle (see :data:`fencepost.RunStatus` for the
         moves); an illegal move is ``InvalidArgument`` naming both statuses, a stale claim
         ``LeaseLost``."""
@@ -1182,7 +1186,7 @@ class Ledger:
         self,
         *,
         older_than: _dt.timedelta | _dt.datetime,
-        statuses: str | Iterable[str] = ("completed", "failed", "cancelled"),
+        statuses: RunStatus | Iterable[RunStatus] = ("completed", "failed", "cancelled"),
         limit: int | None = None,
         dry_run: bool = False,
         archive: _archive.Archive | None = None,

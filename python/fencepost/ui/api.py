@@ -16,7 +16,7 @@ import json
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import fencepost as fp
 from fencepost import _core, _doctor
@@ -279,10 +279,11 @@ def runs_page(ledger: fp.Ledger, query: Query) -> dict[str, Any]:
     """A page of runs, most recently updated first, filtered by status (repeatable), scope and
     workflow ref (repeatable); ``after`` (a run id) is the last run of the page before."""
     limit = _limit(query)
-    statuses = [s for s in query.get("status", []) if s]
-    for status in statuses:
+    statuses: list[fp.RunStatus] = []
+    for status in (s for s in query.get("status", []) if s):
         if status not in _core.RUN_STATUSES:
             raise ApiError(400, f"unknown run status {status!r}")
+        statuses.append(cast("fp.RunStatus", status))
     workflows = [w for w in query.get("workflow", []) if w]
     scope = one(query, "scope")
     after = _after_run(one(query, "after"))

@@ -11,6 +11,7 @@ import pathlib
 import sqlite3
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -277,3 +278,36 @@ def test_the_queue_limits_and_pauses(tmp_path: pathlib.Path) -> None:
     assert json.loads(cli("resume", "deploy", "--json", "--db", str(db)).stdout) == []
     with fp.Ledger.open(str(db)) as ledger:
         assert [c.run_id for c in ledger.claim_next("ctl", lease_ms=1000)] == ["soon"]
+
+
+def test_events_follow_prints_its_header_once(tmp_path: pathlib.Path) -> None:
+    db = str(tmp_path / "f.db")
+    with fp.Ledger.open(db) as ledger:
+        ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="r", force=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fencepost", "events", "--follow", "--db", db],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]  # the header, run.started
+        with fp.Ledger.open(db) as ledger:
+            for i in range(3):
+                ledger.reserve_attempt("r", f"u{i}", step_id="s")
+                time.sleep(0.05)  # separate wakes: one part of the table each
+        lines += [proc.stdout.readline() for _ in range(3)]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert lines[0].split()[:2] == ["SEQ", "TS"]
+    assert [line.split()[4] for line in lines[1:]] == ["run.started"] + ["unit.started"] * 3
+    assert sum(line.startswith("SEQ") for line in lines) == 1
+    # One table: each column starts where the header's does.
+    assert {line.index(line.split()[1]) for line in lines} == {lines[0].index("TS")}
+
+
+def test_db_help_names_both_backends() -> None:
+    out = cli("runs", "--help").stdout
+    assert "postgresql://" in out

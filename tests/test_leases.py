@@ -227,6 +227,13 @@ def test_a_claim_argument_must_be_a_claim(ledger: fp.Ledger) -> None:
     with pytest.raises(fp.InvalidArgument) as err:
         ledger.heartbeat("not a claim", lease_ms=10)  # type: ignore[arg-type]
     assert err.value.argument == "claim"
+    assert "must be the Claim returned by ledger.claim()" in str(err.value)
+    # The None a claim() answers while another owner's lease is live, passed on unchecked.
+    assert ledger.claim("run-1", "host-b", lease_ms=10_000) is None
+    with pytest.raises(fp.InvalidArgument) as none:
+        ledger.set_status("run-1", "blocked", claim=None)  # type: ignore[arg-type]
+    assert none.value.argument == "claim"
+    assert "claim() returns None while another owner's lease" in str(none.value)
 
 
 # ------------------------------------------------------------------ heartbeat and release

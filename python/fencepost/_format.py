@@ -33,15 +33,30 @@ def plain(value: Any) -> Any:
     return value
 
 
-def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) -> None:
-    """Aligned columns; numbers right-aligned, everything else left."""
+def table(
+    rows: Sequence[Sequence[Any]],
+    headers: Sequence[str],
+    out: TextIO,
+    *,
+    widths: list[int] | None = None,
+    header: bool = True,
+) -> None:
+    """Aligned columns; numbers right-aligned, everything else left. ``widths``, when given,
+    are the columns' widths so far: widened in place to fit these rows, so a caller printing
+    one table in parts (``events --follow``) keeps its columns lined up without repeating
+    ``header``."""
     cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    wide = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    if widths is not None:
+        if not widths:
+            widths.extend(wide)
+        widths[:] = [max(a, b) for a, b in zip(widths, wide, strict=True)]
+        wide = widths
     numeric = [all(isinstance(r[i], int) for r in rows) and rows for i in range(len(headers))]
-    for row in cells:
+    for row in cells if header else cells[1:]:
         parts = [
             c.rjust(w) if numeric[i] else c.ljust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            for i, (c, w) in enumerate(zip(row, wide, strict=True))
         ]
         out.write("  ".join(parts).rstrip() + "\n")
 

@@ -339,12 +339,15 @@ def cmd_events(args: argparse.Namespace, out: TextIO) -> int:
         run_id = None if args.run_prefix is None else _resolve(ledger, args.run_prefix)
         after = args.after
         events = ledger.events(run_id, after_seq=after, limit=args.limit)
+        # Following prints one table in parts: the header once, columns kept lined up.
+        widths: list[int] = []
         while True:
             if args.json:
                 for e in events:
                     out.write(json.dumps(plain(e), ensure_ascii=False) + "\n")
-            elif events:
-                table(_event_rows(events), EVENT_HEADERS, out)
+            elif events or (args.follow and not widths):
+                table(_event_rows(events), EVENT_HEADERS, out, widths=widths,
+                      header=not widths)  # fmt: skip
             if events:
                 after = events[-1].seq
             out.flush()
@@ -571,7 +574,10 @@ def _duration(text: str) -> datetime.timedelta:
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--db", default=default_db(), help="ledger file (default $FENCEPOST_DB or ./fencepost.db)"
+        "--db",
+        default=default_db(),
+        help="the ledger: a SQLite file or a postgresql:// URL (default $FENCEPOST_DB, else "
+        "./fencepost.db)",
     )
     common.add_argument("--json", action="store_true", help="machine-readable output")
     top = argparse.ArgumentParser(
@@ -715,7 +721,10 @@ def parser() -> argparse.ArgumentParser:
 
     u = sub.add_parser("ui", help="serve a read-only web dashboard of the ledger")
     u.add_argument(
-        "--db", default=default_db(), help="ledger file (default $FENCEPOST_DB or ./fencepost.db)"
+        "--db",
+        default=default_db(),
+        help="the ledger: a SQLite file or a postgresql:// URL (default $FENCEPOST_DB, else "
+        "./fencepost.db)",
     )
     u.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     u.add_argument(

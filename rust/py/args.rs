@@ -330,6 +330,15 @@ pub fn fence_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Fence>> {
 
 /// A `Claim` argument: the fence (token hashed now) and the plaintext token.
 pub fn claim_arg(obj: &Bound<'_, PyAny>) -> PyResult<(Fence, String)> {
+    if obj.is_none() {
+        // Most often the `None` that `claim()` answers while another owner's lease is live.
+        return Err(invalid(
+            obj.py(),
+            "claim",
+            "is None; ledger.claim() returns None while another owner's lease on the run is \
+             live, so check its result before passing it on (or use claim_next)",
+        ));
+    }
     let read = || -> PyResult<(Fence, String)> {
         let run_id: String = obj.getattr("run_id")?.extract()?;
         let generation: i64 = obj.getattr("generation")?.extract()?;

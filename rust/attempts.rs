@@ -25,7 +25,9 @@ pub(crate) mod judge;
 mod read;
 mod retries;
 mod spec;
-pub use read::{accounting, attempts, orphans, unit, unit_counts, units, UnitFilter};
+pub use read::{
+    accounting, attempts, orphans, unit, unit_attempts, unit_counts, units, UnitFilter,
+};
 pub use retries::{cancel_units, due_units, exhausted_units, retry_units, DueCursor, UnitCursor};
 pub use spec::{FinishSpec, UnitSpec};
 

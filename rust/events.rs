@@ -127,6 +127,18 @@ pub fn json_array(items: &[String]) -> String {
     )))
 }
 
+/// The newest event's `seq` that a reader of every run's events can see with nothing below it
+/// still to come (on PostgreSQL, below the horizon of the writers in flight; see [`read`]); 0
+/// for an empty log. One probe of the primary key's last entries: a reader that starts at it
+/// with `after_seq` misses nothing.
+pub fn newest_seq(store: &mut dyn crate::store::Store) -> Result<i64> {
+    let horizon = store.event_horizon()?;
+    store.read("reading the newest event", |tx| {
+        tx.row(&sql::NEWEST_EVENT_SEQ_SQL, params![horizon], |r| r.get(0))
+            .map(Option::unwrap_or_default)
+    })
+}
+
 /// `events(...)` in a read transaction.
 pub fn read(
     store: &mut dyn crate::store::Store,

@@ -401,3 +401,33 @@ def test_batches_match_one_by_one(ledger: fp.Ledger, run: fp.Run) -> None:
 
 def revisions_of(ledger: fp.Ledger, run_id: str) -> int:
     return max(e.revision for e in ledger.events(run_id))
+
+
+def test_unit_attempts_reads_the_newest_of_a_page_of_units(ledger: fp.Ledger) -> None:
+    run = ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], force=True)
+    for _ in range(4):
+        r = ledger.reserve_attempt(run.run_id, "a", step_id="s")
+        ledger.finish_attempt(run.run_id, "a", r.attempt, r.dispatch_id, status="failed")
+    ledger.reserve_attempt(run.run_id, "b", step_id="s")
+    got = ledger.unit_attempts(run.run_id, ["b", "a", "nope"], latest=2)
+    assert list(got) == ["b", "a", "nope"]
+    assert [a.attempt for a in got["a"]] == [3, 4]
+    assert got["a"] == ledger.attempts(run.run_id, "a")[-2:]
+    assert [(a.attempt, a.status) for a in got["b"]] == [(1, "running")]
+    assert got["nope"] == []
+    assert ledger.unit_attempts(run.run_id, []) == {}
+    assert [len(v) for v in ledger.unit_attempts(run.run_id, ["a"], latest=10).values()] == [4]
+    for kw, argument in (({"latest": 0}, "latest"), ({"latest": 10_001}, "latest")):
+        with pytest.raises(fp.InvalidArgument) as bad:
+            ledger.unit_attempts(run.run_id, ["a"], **kw)
+        assert bad.value.argument == argument
+    with pytest.raises(fp.InvalidArgument) as many:
+        ledger.unit_attempts(run.run_id, [f"u{i}" for i in range(10_001)])
+    assert many.value.argument == "unit_ids"
+
+
+def test_newest_event_seq(ledger: fp.Ledger) -> None:
+    assert ledger.newest_event_seq() == 0
+    run = ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], force=True)
+    ledger.reserve_attempts(run.run_id, [{"unit_id": f"u{i}", "step_id": "s"} for i in range(5)])
+    assert ledger.newest_event_seq() == ledger.events(limit=1000)[-1].seq

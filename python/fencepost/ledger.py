@@ -711,6 +711,19 @@ class Ledger:
         """Every attempt of a unit, oldest first."""
         return self._core.attempts(run_id, unit_id)
 
+    def unit_attempts(
+        self, run_id: str, unit_ids: Iterable[str], *, latest: int = 10
+    ) -> dict[str, list[Attempt]]:
+        """The newest ``latest`` attempts (1 to 10 000) of each of ``unit_ids`` (at most
+        10 000; a page of ``units``), oldest first per unit, in one read: what a view of a
+        page of units shows, without an ``attempts`` call per unit. A unit the run does not
+        have (or that has no attempt) maps to ``[]``."""
+        ids = _refs(unit_ids, "unit_ids") or []
+        found: dict[str, list[Attempt]] = {u: [] for u in ids}
+        for attempt in self._core.unit_attempts(run_id, ids, latest):
+            found[attempt.unit_id].append(attempt)
+        return found
+
     def units(
         self,
         run_id: str,
@@ -1145,6 +1158,12 @@ class Ledger:
         return self._core.leases(owned_only)
 
     # ------------------------------------------------------------------ events
+
+    def newest_event_seq(self) -> int:
+        """The newest event's ``seq`` (0 for an empty log) such that no event below it is still
+        to be committed: ``events(after_seq=...)`` from it misses nothing. One probe of the
+        log's primary key, whatever its size (a live tail or a dashboard starts from it)."""
+        return self._core.newest_event_seq()
 
     def events(
         self,

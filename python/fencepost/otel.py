@@ -77,7 +77,7 @@ OPERATIONS: Final = (
     "resume_workflow", "paused_workflows", "queued_runs", "queue_overview", "due_units",
     "exhausted_units", "retry_units", "cancel_units", "child_summary",
     "send", "receive", "messages", "put_schedule", "schedules", "pause_schedule",
-    "resume_schedule", "delete_schedule", "tick_schedules",
+    "resume_schedule", "delete_schedule", "tick_schedules", "unit_attempts", "newest_event_seq",
 )  # fmt: skip
 """The operations that get a span and count in ``fencepost.operations``."""
 

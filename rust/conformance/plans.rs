@@ -15,7 +15,8 @@ conformance!(
     run_event_pages_follow_the_cursor,
     rare_event_types_are_read_by_index,
     prune_reads_by_index,
-    event_appends_probe_by_index
+    event_appends_probe_by_index,
+    the_newest_event_is_one_probe
 );
 
 const RUNS: usize = 12;
@@ -315,4 +316,25 @@ fn prune_reads_by_index(store: &mut dyn Store) {
         !blobs.contains("SCAN r") && !blobs.contains("Seq Scan on runs"),
         "every reference probe by an index:\n{blobs}"
     );
+}
+
+/// `newest_event_seq`: the log's last primary-key entry, not a walk of the log.
+fn the_newest_event_is_one_probe(store: &mut dyn Store) {
+    fill(store);
+    let p = plan(
+        store,
+        &sql::NEWEST_EVENT_SEQ_SQL,
+        params![Option::<i64>::None],
+    );
+    assert!(
+        !p.contains("SCAN events") || p.contains("SEARCH events") || p.contains("USING"),
+        "by the primary key:\n{p}"
+    );
+    assert!(
+        !p.contains("Seq Scan on events"),
+        "no walk of the log:\n{p}"
+    );
+    let newest = crate::events::newest_seq(store).expect("newest");
+    let mut all = crate::events::read(store, None, 0, 10_000, None).expect("events");
+    assert_eq!(newest, all.pop().map_or(0, |e| e.seq));
 }

@@ -23,7 +23,8 @@ conformance!(
     unit_retries_are_read_by_index,
     a_childs_end_probes_for_live_siblings,
     messages_are_read_by_index,
-    due_schedules_are_read_by_index
+    due_schedules_are_read_by_index,
+    a_page_of_units_attempts_is_read_by_index
 );
 
 /// `p0` and 3 000 more runs (see [`many_runs`]).
@@ -784,4 +785,52 @@ fn due_schedules_are_read_by_index(store: &mut dyn Store) {
             || l.contains("Sort")
     });
     assert!(!walks, "no scan, no sort:\n{p}");
+}
+
+/// `unit_attempts`: the newest attempts of a page of units, each unit's range of the attempts'
+/// primary key (entered at its count less `latest`), whatever the run and the ledger hold.
+fn a_page_of_units_attempts_is_read_by_index(store: &mut dyn Store) {
+    for r in 0..12 {
+        started(store, &format!("u{r}"));
+    }
+    // 6 000 units with 8 attempts each.
+    let units = Sql::same(
+        "INSERT INTO units (run_id, unit_id, phase, status, attempts, first_started_at,
+            started_at)
+        WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 5999)
+        SELECT 'u' || CAST(i % 12 AS TEXT), 'x' || CAST(i AS TEXT), 'unit', 'failed', 8, i, i
+        FROM n",
+    );
+    let attempts = Sql::same(
+        "INSERT INTO attempts (run_id, unit_id, attempt, dispatch_id, phase, status,
+            started_at, finished_at)
+        WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 47999)
+        SELECT 'u' || CAST((i / 8) % 12 AS TEXT), 'x' || CAST(i / 8 AS TEXT), i % 8 + 1,
+            'd' || CAST(i AS TEXT), 'unit', 'failed', i, i
+        FROM n",
+    );
+    store
+        .write("filling attempts", |tx| {
+            tx.exec(&units, params![])?;
+            tx.exec(&attempts, params![])
+        })
+        .expect("fill attempts");
+    analyze(store);
+    let page: Vec<String> = (0..50).map(|i| format!("x{}", 3 + 12 * i)).collect();
+    let p = plan(
+        store,
+        &sql::UNIT_ATTEMPTS_SQL,
+        params!["u3", crate::events::json_array(&page), 2_i64],
+    );
+    assert!(
+        !p.contains("SCAN attempts") && !p.contains("Seq Scan on attempts"),
+        "each unit's attempts by the primary key:\n{p}"
+    );
+    assert!(
+        !p.contains("SCAN units") && !p.contains("Seq Scan on units"),
+        "each unit by the primary key:\n{p}"
+    );
+    let got = crate::attempts::unit_attempts(store, "u3", &page, 2).expect("attempts");
+    assert_eq!(got.len(), 100);
+    assert!(got.iter().all(|a| a.attempt >= 7));
 }

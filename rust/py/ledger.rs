@@ -496,6 +496,23 @@ impl PyLedger {
         rows.into_iter().map(|a| records::attempt(py, a)).collect()
     }
 
+    /// The newest `latest` attempts of each named unit, by unit and attempt.
+    fn unit_attempts<'py>(
+        &self,
+        py: Python<'py>,
+        run_id: &Bound<'py, PyAny>,
+        unit_ids: &Bound<'py, PyAny>,
+        latest: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let run_id = text(run_id, "run_id")?;
+        let unit_ids = str_list(unit_ids, "unit_ids")?.unwrap_or_default();
+        let latest = int(latest, "latest")?;
+        let rows = self.run(py, move |s, _| {
+            attempts::unit_attempts(s, &run_id, &unit_ids, latest)
+        })?;
+        rows.into_iter().map(|a| records::attempt(py, a)).collect()
+    }
+
     #[pyo3(signature = (run_id, step_id, *, status, limit, after))]
     fn units<'py>(
         &self,
@@ -1012,6 +1029,10 @@ impl PyLedger {
             events::read(s, run_id.as_deref(), after_seq, limit, types.as_deref())
         })?;
         rows.into_iter().map(|e| records::event(py, e)).collect()
+    }
+
+    fn newest_event_seq(&self, py: Python<'_>) -> PyResult<i64> {
+        self.run(py, |s, _| events::newest_seq(s))
     }
 
     fn wait_events<'py>(

@@ -440,6 +440,33 @@ pub const LIST_ATTEMPTS_SQL: Sql = Sql::same(
     trace_context
     FROM attempts WHERE run_id = ?1 AND unit_id = ?2 ORDER BY attempt",
 );
+/// The newest ?3 attempts of each unit of run ?1 named in the JSON array ?2: per unit, the range
+/// of the attempts' primary key above its attempt count less ?3. The answer is at most the
+/// units times ?3 rows, so sorting it costs what it returns.
+pub const UNIT_ATTEMPTS_SQL: Sql = Sql::split(
+    "SELECT a.run_id, a.unit_id, a.attempt, a.dispatch_id, a.status, a.phase,
+    a.holder, a.lease_generation, a.reclaims, a.result, a.tokens, a.failure_reason,
+    a.started_at, a.finished_at, a.trace_context
+    FROM units u JOIN attempts a
+      ON a.run_id = u.run_id AND a.unit_id = u.unit_id AND a.attempt > u.attempts - ?3
+    WHERE u.run_id = ?1 AND u.unit_id IN (SELECT value FROM json_each(?2))
+    ORDER BY a.unit_id, a.attempt",
+    "SELECT a.run_id, a.unit_id, a.attempt, a.dispatch_id, a.status, a.phase,
+    a.holder, a.lease_generation, a.reclaims, a.result, a.tokens, a.failure_reason,
+    a.started_at, a.finished_at, a.trace_context
+    FROM units u JOIN attempts a
+      ON a.run_id = u.run_id AND a.unit_id = u.unit_id
+      AND a.attempt > u.attempts - CAST(?3 AS BIGINT)
+    WHERE u.run_id = ?1
+      AND u.unit_id = ANY (ARRAY(SELECT json_array_elements_text(CAST(?2 AS TEXT)::json)))
+    ORDER BY a.unit_id COLLATE \"C\", a.attempt",
+);
+/// The newest event's `seq` below the horizon ?1 (NULL: none), 0 for an empty log: the
+/// primary key's last entry.
+pub const NEWEST_EVENT_SEQ_SQL: Sql = Sql::same(
+    "SELECT coalesce(max(seq), 0) FROM events
+    WHERE CAST(?1 AS BIGINT) IS NULL OR seq < CAST(?1 AS BIGINT)",
+);
 /// A page of a run's units in order of first reservation: ?1 the run, (?2 `first_started_at`,
 /// ?3 `unit_id`) the last unit of the page before (the first page passes a position below every
 /// unit), ?4 a step and ?5 a status (NULL = any), ?6 the page size. The cursor is a row value on

@@ -500,9 +500,11 @@ def units_page(ledger: fp.Ledger, query: Query, totals: RunTotals | None = None)
             scanned = window.index(shown[-1]) + 1
         else:
             following = window[-1].unit_id if len(window) == SCANNED else None
+    # The page's units' newest attempts in one read, not one per unit.
+    histories = ledger.unit_attempts(run_id, [u.unit_id for u in shown], latest=ATTEMPTS_SHOWN)
     rows = []
     for u in shown:
-        history = ledger.attempts(run_id, u.unit_id)
+        history = histories[u.unit_id]
         rows.append(
             {
                 "unit_id": u.unit_id,
@@ -514,7 +516,7 @@ def units_page(ledger: fp.Ledger, query: Query, totals: RunTotals | None = None)
                 "tokens": u.tokens,
                 "failure_reason": u.failure_reason,
                 "claim_holder": u.claim_holder,
-                "history": [attempt_record(a) for a in history[-ATTEMPTS_SHOWN:]],
+                "history": [attempt_record(a) for a in history],
             }
         )
     return {"units": rows, "next": following, "limit": limit, "scanned": scanned}
@@ -730,32 +732,13 @@ def _after_queued(cursor: str | None) -> fp.Run | None:
     )
 
 
-def head_seq(ledger: fp.Ledger, hint: int = 0) -> int:
-    """The newest event's ``seq`` (0 for an empty log), found with indexed probes of one event
-    each: a page from ``hint`` (a seq known to exist or 0), then doubling steps and a binary
-    search, so the cost is logarithmic in the distance from the hint."""
-    page = ledger.events(after_seq=hint, limit=1000)
-    if len(page) < 1000:
-        return page[-1].seq if page else hint
-    low, step = page[-1].seq, 1000
-    while True:
-        probe = ledger.events(after_seq=low + step, limit=1)
-        if not probe:
-            high = low + step
-            break
-        low, step = probe[0].seq, step * 2
-    # An event at low; none after high.
-    while low < high:
-        mid = (low + high + 1) // 2
-        probe = ledger.events(after_seq=mid - 1, limit=1)
-        if probe:
-            low = probe[0].seq
-        else:
-            high = mid - 1
-    return low
+def head_seq(ledger: fp.Ledger) -> int:
+    """The newest event's ``seq`` (0 for an empty log): ``Ledger.newest_event_seq``, one probe
+    of the log's primary key."""
+    return ledger.newest_event_seq()
 
 
-def events_page(ledger: fp.Ledger, query: Query, head_hint: int = 0) -> dict[str, Any]:
+def events_page(ledger: fp.Ledger, query: Query) -> dict[str, Any]:
     """Events in commit order after ``after`` (a seq), optionally of one run; without
     ``after``, the last ``limit`` or so of the whole log (from the newest ``seq`` back: seqs
     are dense but may have gaps, so the page can be shorter), or for one run nothing yet (the
@@ -764,7 +747,7 @@ def events_page(ledger: fp.Ledger, query: Query, head_hint: int = 0) -> dict[str
     limit = _limit(query)
     run_id = run_filter(ledger, query)
     after_text = one(query, "after")
-    head = head_seq(ledger, head_hint)
+    head = head_seq(ledger)
     if after_text is None or after_text == "":
         if run_id is not None:
             return {"events": [], "after": head, "head": head}
@@ -845,7 +828,6 @@ class Throughput:
         self.precision = precision
         self._lock = threading.Lock()
         self._bounds: dict[int, int] = {}
-        self.head = 0
         self.probes = 0
 
     def __call__(self, ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
@@ -855,8 +837,7 @@ class Throughput:
 
     def _count(self, ledger: fp.Ledger, minutes: int, now_ms: int) -> dict[str, Any]:
         self.probes = 0
-        head = head_seq(ledger, self.head)
-        self.head = head
+        head = head_seq(ledger)
         current = now_ms // MINUTE_MS * MINUTE_MS
         starts = [current - (minutes - 1 - i) * MINUTE_MS for i in range(minutes)]
         known: list[tuple[int, float]] = []  # (position, ts of the first event at or after it)

@@ -119,8 +119,6 @@ class Dashboard:
         # The whole-database checks run one at a time, on a connection of their own, so a
         # check of a large file holds up no page.
         self._checks_lock = threading.Lock()
-        # The newest seq seen: where the next search for the log's head starts.
-        self.head = 0
         # The port served (set once bound): cookies ignore ports, so it is in the cookie's
         # name, and two dashboards on one host keep their sessions apart.
         self.port = 0
@@ -166,12 +164,6 @@ class Dashboard:
         itself is never stored in the browser and a session ends with the server."""
         assert self.token is not None
         return hmac.new(self._session_key, self.token.encode(), hashlib.sha256).hexdigest()
-
-    def head_hint(self) -> int:
-        return self.head
-
-    def saw_head(self, seq: int) -> None:
-        self.head = max(self.head, seq)
 
     def run_checks(self) -> _doctor.Checkup:
         if not self._checks_lock.acquire(blocking=False):
@@ -531,11 +523,7 @@ class Handler(BaseHTTPRequestHandler):
         run_id = api.run_filter(app.ledger, query)
         header = self.headers.get("Last-Event-ID")
         resume, name = (header, "Last-Event-ID") if header else (api.one(query, "after"), "after")
-        if resume:
-            after = api.parse_seq(resume, name)
-        else:
-            after = api.head_seq(app.ledger, app.head_hint())
-            app.saw_head(after)
+        after = api.parse_seq(resume, name) if resume else api.head_seq(app.ledger)
         if not app.begin_stream():
             raise api.ApiError(503, "too many open event streams; close a tail and try again")
         try:
@@ -566,7 +554,6 @@ class Handler(BaseHTTPRequestHandler):
                         for e in events
                     ]
                     self.wfile.write(b"".join(chunks))
-                    app.saw_head(events[-1].seq)
                     idle = 0.0
                 else:
                     if self._client_gone():
@@ -620,9 +607,7 @@ class Handler(BaseHTTPRequestHandler):
         return api.schedules_page(ledger, query, self.app.now_ms())
 
     def api_events(self, ledger: fp.Ledger, query: api.Query) -> Any:
-        page = api.events_page(ledger, query, self.app.head_hint())
-        self.app.saw_head(page["head"])
-        return page
+        return api.events_page(ledger, query)
 
     def api_throughput(self, ledger: fp.Ledger, query: api.Query) -> Any:
         return self.app.throughput(ledger, query, self.app.now_ms())

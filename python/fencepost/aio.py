@@ -56,7 +56,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
-from fencepost import _core
+from fencepost import _core, _hooks
 from fencepost.errors import LedgerError
 from fencepost.ledger import Durability, Ledger
 from fencepost.models import Claim, Event
@@ -68,7 +68,7 @@ R = TypeVar("R")
 
 # The synchronous method as defined, kept apart from whatever later wraps ``Ledger``'s
 # attribute (fencepost.otel): each of this wait's queries is part of one call, not a call.
-_QUERY_EVENTS = Ledger.wait_events
+_QUERY_EVENTS = _hooks.unwrapped(Ledger.wait_events)
 
 IN_FLIGHT = 1024
 """The most writer calls one ``AsyncLedger`` has queued at a time, per event loop."""
@@ -126,6 +126,8 @@ def _queued(
 ) -> Callable[Concatenate[AsyncLedger, P], Coroutine[Any, Any, R]]:
     """The coroutine form of a ``Ledger`` method the writer groups: queued with a future, no
     thread. Cancelled, the caller stops waiting; the call still runs (see the module docs)."""
+    operation = method
+    method = _hooks.unwrapped(method)
 
     async def call(self: AsyncLedger, /, *args: P.args, **kwargs: P.kwargs) -> R:
         loop = asyncio.get_running_loop()
@@ -142,10 +144,7 @@ def _queued(
         future.add_done_callback(functools.partial(_settled, gate))
         return await asyncio.shield(future)
 
-    call.__name__ = method.__name__
-    call.__qualname__ = f"AsyncLedger.{method.__name__}"
-    call.__doc__ = method.__doc__
-    return call
+    return _hooks.async_form(operation, call)
 
 
 def _in_thread(
@@ -157,6 +156,8 @@ def _in_thread(
 
     ``lease`` picks the claims out of the method's result, for the methods that take leases:
     cancelled, the coroutine releases them (see the module docs)."""
+    operation = method
+    method = _hooks.unwrapped(method)
 
     async def call(self: AsyncLedger, /, *args: P.args, **kwargs: P.kwargs) -> R:
         if lease is None:
@@ -170,10 +171,7 @@ def _in_thread(
 
         return await _undo_on_cancel(functools.partial(method, ledger, *args, **kwargs), release)
 
-    call.__name__ = method.__name__
-    call.__qualname__ = f"AsyncLedger.{method.__name__}"
-    call.__doc__ = method.__doc__
-    return call
+    return _hooks.async_form(operation, call)
 
 
 async def _wait_out(fut: asyncio.Future[Any]) -> None:
@@ -326,7 +324,7 @@ class AsyncLedger:
             self._watcher = _Watcher(self.ledger._core, loop)
         return self._watcher
 
-    async def wait_events(
+    async def _wait_events(
         self,
         run_id: str | None = None,
         *,
@@ -368,6 +366,8 @@ class AsyncLedger:
                     moved.result()
         finally:
             watcher.leave()
+
+    wait_events = _hooks.async_operation("wait_events", _wait_events)
 
     def _gate_on(self, loop: asyncio.AbstractEventLoop) -> asyncio.Semaphore:
         """The bound on queued writer calls, made on the loop that uses it (a semaphore belongs

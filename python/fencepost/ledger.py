@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Literal, cast
 
-from fencepost import _archive, _core, _observe
+from fencepost import _archive, _core, _hooks, _observe
 from fencepost.errors import InvalidArgument
 from fencepost.models import (
     Accounting,
@@ -380,6 +380,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ health
 
+    @_hooks.operation
     def integrity_check(self, *, quick: bool = False) -> list[str]:
         """SQLite's ``PRAGMA integrity_check``: ``["ok"]`` for a sound file, else the problems.
         ``quick=True`` runs ``PRAGMA quick_check`` instead, which skips matching every index
@@ -387,6 +388,7 @@ class Ledger:
         PostgreSQL (which checks its own pages) both check the ledger's schema and tables."""
         return self._core.integrity_check(quick=quick)
 
+    @_hooks.operation
     def orphan_attempts(self) -> list[tuple[str, str, int, str]]:
         """Attempts lacking their ``unit.started`` event, as (run_id, unit_id, attempt,
         dispatch_id), at most 100. Always empty for a ledger only fencepost wrote."""
@@ -394,16 +396,19 @@ class Ledger:
 
     # ------------------------------------------------------------------ blobs
 
+    @_hooks.operation
     def put_json(self, value: object) -> str:
         """Store ``value`` as canonical JSON; returns its digest (idempotent)."""
         return self._core.put_json(value)
 
+    @_hooks.operation
     def get_json(self, digest: str) -> Any:
         """The value stored under ``digest``; ``NotFound`` if there is none."""
         return json.loads(self._core.get_json(digest))
 
     # ------------------------------------------------------------------ runs and steps
 
+    @_hooks.operation
     def start_run(
         self,
         workflow_ref: str,
@@ -449,6 +454,7 @@ class Ledger:
             },
         )
 
+    @_hooks.operation
     def publish_child_run(
         self,
         parent_run_id: str,
@@ -479,15 +485,18 @@ class Ledger:
             },
         )
 
+    @_hooks.operation
     def get_run(self, run_id: str) -> Run | None:
         """The run, or ``None``."""
         return self._core.get_run(run_id)
 
+    @_hooks.operation
     def resolve_run_id(self, prefix: str) -> str:
         """The one run id starting with ``prefix`` (``%``, ``_`` and ``\\`` are literal);
         ``AmbiguousRunId`` lists the matches, ``RunNotFound`` if there are none."""
         return self._core.resolve_run_id(prefix)
 
+    @_hooks.operation
     def list_runs(
         self,
         *,
@@ -520,11 +529,13 @@ class Ledger:
             }
         )
 
+    @_hooks.operation
     def find_active_run(self, workflow_refs: str | Iterable[str], scope_key: str) -> Run | None:
         """The newest top-level ``active`` run of these refs in ``scope_key``."""
         refs = _refs(workflow_refs, "workflow_refs")
         return self._core.find_active_run(refs, scope_key, False)
 
+    @_hooks.operation
     def find_active_run_outside_scope(
         self, workflow_refs: str | Iterable[str], scope_key: str
     ) -> Run | None:
@@ -532,14 +543,17 @@ class Ledger:
         refs = _refs(workflow_refs, "workflow_refs")
         return self._core.find_active_run(refs, scope_key, True)
 
+    @_hooks.operation
     def find_scope_occupant(self, scope_key: str) -> Run | None:
         """The newest top-level ``active`` or ``blocked`` run in ``scope_key``."""
         return self._core.find_scope_occupant(scope_key)
 
+    @_hooks.operation
     def child_runs(self, parent_run_id: str) -> list[Run]:
         """Children of a run, oldest first."""
         return self._core.child_runs(parent_run_id)
 
+    @_hooks.operation
     def child_summary(self, parent_run_id: str) -> ChildSummary:
         """The parent's children counted by status (statuses with none left out), by the
         database: one indexed read of the parent's children, no records built. ``settled`` when
@@ -554,10 +568,12 @@ class Ledger:
         live = sum(n for s, n in by_status.items() if s not in ("completed", "failed", "cancelled"))
         return ChildSummary(total=sum(by_status.values()), by_status=by_status, settled=not live)
 
+    @_hooks.operation
     def steps(self, run_id: str) -> list[Step]:
         """The run's steps in plan order; ``RunNotFound`` for an unknown run."""
         return self._core.steps(run_id)
 
+    @_hooks.operation
     def complete_step(
         self,
         run_id: str,
@@ -583,15 +599,18 @@ class Ledger:
             claim,
         )
 
+    @_hooks.operation
     def block_run(self, run_id: str, *, notes: str | None = None) -> Run:
         """``active`` -> ``blocked``; the current step is marked blocked with ``notes``."""
         return self._core.block_run(run_id, notes)
 
+    @_hooks.operation
     def resume_run(self, run_id: str) -> Run:
         """``blocked`` -> ``active``, reopening the current step (notes and evidence cleared).
         Refused with ``ActiveRunExists`` if the scope gained an active run meanwhile."""
         return self._core.resume_run(run_id)
 
+    @_hooks.operation
     def abandon_run(self, run_id: str, *, reason: str | None = None, cascade: bool = True) -> bool:
         """Cancel a non-terminal run; ``False`` if it was already terminal. Its running attempts
         are finished as ``cancelled`` (each with its ``unit.finished`` event; a late finish of
@@ -600,12 +619,14 @@ class Ledger:
         the cancelled attempts' ``failure_reason``."""
         return self._core.abandon_run(run_id, reason, cascade)
 
+    @_hooks.operation
     def set_outputs(self, run_id: str, outputs: Any, *, claim: Claim | None = None) -> None:
         """Record the run's resolved outputs (stored as a canonical JSON blob)."""
         self._core.set_outputs(run_id, outputs, claim)
 
     # ------------------------------------------------------------------ attempts
 
+    @_hooks.operation
     def reserve_attempt(
         self,
         run_id: str,
@@ -655,6 +676,7 @@ class Ledger:
             claim,
         )
 
+    @_hooks.operation
     def reserve_attempts(
         self,
         run_id: str,
@@ -668,6 +690,7 @@ class Ledger:
         ``unit_id`` plus the keywords of ``reserve_attempt``; ``force`` applies to every unit."""
         return self._core.reserve_attempts(run_id, units, claim, force=force)
 
+    @_hooks.operation
     def finish_attempt(
         self,
         run_id: str,
@@ -700,6 +723,7 @@ class Ledger:
             claim,
         )
 
+    @_hooks.operation
     def finish_attempts(
         self, finishes: Sequence[Mapping[str, Any]], *, claim: Claim | None = None
     ) -> list[bool]:
@@ -707,10 +731,12 @@ class Ledger:
         ``unit_id``, ``attempt``, ``dispatch_id`` plus the keywords of ``finish_attempt``."""
         return self._core.finish_attempts(finishes, claim)
 
+    @_hooks.operation
     def attempts(self, run_id: str, unit_id: str) -> list[Attempt]:
         """Every attempt of a unit, oldest first."""
         return self._core.attempts(run_id, unit_id)
 
+    @_hooks.operation
     def unit_attempts(
         self, run_id: str, unit_ids: Iterable[str], *, latest: int = 10
     ) -> dict[str, list[Attempt]]:
@@ -724,6 +750,7 @@ class Ledger:
             found[attempt.unit_id].append(attempt)
         return found
 
+    @_hooks.operation
     def units(
         self,
         run_id: str,
@@ -739,6 +766,7 @@ class Ledger:
         its place for good, so the cursor holds while the run goes on."""
         return self._core.units(run_id, step_id, status=status, limit=limit, after=after)
 
+    @_hooks.operation
     def unit_counts(self, run_id: str) -> dict[str, int]:
         """How many of the run's units are in each unit status, every status listed (0 where
         none are), counted by the database: a run of a million units costs one indexed read,
@@ -747,12 +775,14 @@ class Ledger:
         counts.update(self._core.unit_counts(run_id))
         return counts
 
+    @_hooks.operation
     def unit(self, run_id: str, unit_id: str) -> Unit | None:
         """One unit projection, or ``None``."""
         return self._core.unit(run_id, unit_id)
 
     # ------------------------------------------------------------------ retries
 
+    @_hooks.operation
     def due_units(
         self, run_id: str | None = None, *, limit: int = 100, after: Unit | None = None
     ) -> list[Unit]:
@@ -772,6 +802,7 @@ class Ledger:
             cursor = (to_ms(after.retry_at), after.run_id, after.unit_id)
         return self._core.due_units(run_id, limit, cursor)
 
+    @_hooks.operation
     def exhausted_units(
         self, run_id: str | None = None, *, limit: int = 100, after: Unit | None = None
     ) -> list[Unit]:
@@ -784,6 +815,7 @@ class Ledger:
             cursor = (after.run_id, after.unit_id)
         return self._core.exhausted_units(run_id, limit, cursor)
 
+    @_hooks.operation
     def retry_units(
         self, run_id: str, unit_ids: Iterable[str] | None = None, *, claim: Claim | None = None
     ) -> int:
@@ -794,6 +826,7 @@ class Ledger:
         ``RunNotActive`` for a run that has ended (nothing is written)."""
         return self._core.retry_units(run_id, _refs(unit_ids, "unit_ids"), claim)
 
+    @_hooks.operation
     def cancel_units(
         self,
         run_id: str,
@@ -812,6 +845,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ schedules
 
+    @_hooks.operation
     def put_schedule(
         self,
         name: str,
@@ -852,15 +886,18 @@ class Ledger:
         _observe.schedule_changed("put", name)
         return schedule
 
+    @_hooks.operation
     def schedules(self) -> list[Schedule]:
         """Every schedule, by name."""
         return self._core.schedules()
 
+    @_hooks.operation
     def pause_schedule(self, name: str) -> None:
         """Stop firing ``name`` until ``resume_schedule``; ``NotFound`` for an unknown name."""
         self._core.pause_schedule(name)
         _observe.schedule_changed("paused", name)
 
+    @_hooks.operation
     def resume_schedule(self, name: str) -> None:
         """Fire ``name`` again: the next tick fires its newest due slot and at most
         ``catch_up`` of the slots missed while it was paused. ``NotFound`` for an unknown
@@ -868,11 +905,13 @@ class Ledger:
         self._core.resume_schedule(name)
         _observe.schedule_changed("resumed", name)
 
+    @_hooks.operation
     def delete_schedule(self, name: str) -> None:
         """Delete ``name`` (the runs it queued stay); ``NotFound`` for an unknown name."""
         self._core.delete_schedule(name)
         _observe.schedule_changed("deleted", name)
 
+    @_hooks.operation
     def tick_schedules(self) -> list[Run]:
         """Fire every due slot of every schedule that is not paused, exactly once however many
         processes tick at once: each fire is a ``reserve_run`` (queued, due at its slot) under
@@ -886,6 +925,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ messages
 
+    @_hooks.operation
     def send(self, run_id: str, topic: str, payload: Any, *, key: str | None = None) -> Message:
         """Send the run a message on ``topic``: anyone may send, no claim needed. The message
         is numbered in the run's mailbox (``Message.seq``, from 1) and a ``message.sent`` event
@@ -898,6 +938,7 @@ class Ledger:
         _observe.message_sent(message)
         return message
 
+    @_hooks.operation
     def receive(self, run_id: str, topic: str, *, claim: Claim, limit: int = 1) -> list[Message]:
         """Take the oldest messages of ``topic`` that nobody has received (at most ``limit``,
         1 to 10 000; none waiting is ``[]``). Fenced by ``claim`` as every write is: only the
@@ -909,6 +950,7 @@ class Ledger:
         _observe.messages_received(run_id, topic, taken)
         return taken
 
+    @_hooks.operation
     def messages(
         self, run_id: str, *, topic: str | None = None, after_seq: int = 0, limit: int = 100
     ) -> list[Message]:
@@ -917,12 +959,14 @@ class Ledger:
         A read: no claim, nothing taken. An unknown run has none."""
         return self._core.messages(run_id, topic, after_seq, limit)
 
+    @_hooks.operation
     def accounting(self, run_id: str) -> Accounting:
         """Attempt and token totals, split by phase; unfinished attempts count as attempts."""
         return self._core.accounting(run_id)
 
     # ------------------------------------------------------------------ queue and claims
 
+    @_hooks.operation
     def reserve_run(
         self,
         run_id: str,
@@ -974,6 +1018,7 @@ class Ledger:
             )
         )
 
+    @_hooks.operation
     def prepare_or_adopt(
         self,
         run_id: str,
@@ -1027,6 +1072,7 @@ class Ledger:
             claim_token,
         )
 
+    @_hooks.operation
     def claim(
         self, run_id: str, runner_id: str, *, lease_ms: int, token: str | None = None
     ) -> Claim | None:
@@ -1035,6 +1081,7 @@ class Ledger:
         generation, and the old token stops working. A queued run becomes ``starting``."""
         return self._core.claim(run_id, runner_id, lease_ms, token)
 
+    @_hooks.operation
     def claim_next(
         self,
         runner_id: str,
@@ -1065,6 +1112,7 @@ class Ledger:
         names = _refs(workflow_names, "workflow_names")
         return self._core.claim_next(runner_id, lease_ms, names, limit, token, rescue)
 
+    @_hooks.operation
     def set_concurrency_limit(self, concurrency_key: str, limit: int | None) -> None:
         """At most ``limit`` runs with ``concurrency_key`` hold live leases (``0`` holds the
         key's queued runs; ``None`` removes the limit). Counted by ``claim_next``: a live
@@ -1072,23 +1120,28 @@ class Ledger:
         expired or released lease frees its slot. Lowering a limit takes no lease away."""
         self._core.set_concurrency_limit(concurrency_key, limit)
 
+    @_hooks.operation
     def concurrency_limits(self) -> dict[str, int]:
         """Every key's limit."""
         return dict(self._core.concurrency_limits())
 
+    @_hooks.operation
     def pause_workflow(self, workflow_name: str) -> None:
         """``claim_next`` hands out no run of ``workflow_name`` until ``resume_workflow``
         (claims already taken stand). A workflow with no runs yet may be paused."""
         self._core.pause_workflow(workflow_name)
 
+    @_hooks.operation
     def resume_workflow(self, workflow_name: str) -> None:
         """Undo ``pause_workflow``; a workflow not paused is left as it is."""
         self._core.resume_workflow(workflow_name)
 
+    @_hooks.operation
     def paused_workflows(self) -> list[str]:
         """The paused workflows, by name."""
         return self._core.paused_workflows()
 
+    @_hooks.operation
     def queued_runs(
         self, *, lane: Literal["due", "later"] = "due", limit: int = 50, after: Run | None = None
     ) -> list[Run]:
@@ -1109,6 +1162,7 @@ class Ledger:
             cursor = (after.priority, to_ms(after.due_at), after.run_id)
         return self._core.queued_runs(lane, limit, cursor)
 
+    @_hooks.operation
     def queue_overview(
         self, *, count_max: int = 10_000, limit: int = 100, after_key: str | None = None
     ) -> QueueOverview:
@@ -1127,29 +1181,35 @@ class Ledger:
             count_max=count_max,
         )
 
+    @_hooks.operation
     def heartbeat(self, claim: Claim, *, lease_ms: int) -> Claim:
         """Extend a live claim to ``lease_ms`` from now; ``LeaseLost`` if it is stale."""
         return self._core.heartbeat(claim, lease_ms)
 
+    @_hooks.operation
     def release(self, claim: Claim) -> None:
         """Give the lease up (owner cleared, generation kept); ``LeaseLost`` if stale."""
         self._core.release(claim)
 
+    @_hooks.operation
     def set_status(self, run_id: str, status: RunStatus, *, claim: Claim) -> Run:
         """Move a claimed run along its lifecycle (see :data:`fencepost.RunStatus` for the
         moves); an illegal move is ``InvalidArgument`` naming both statuses, a stale claim
         ``LeaseLost``."""
         return self._core.set_status(run_id, status, claim)
 
+    @_hooks.operation
     def lease(self, run_id: str) -> Lease:
         """The run's lease: generation 0 and no owner if it was never claimed."""
         return self._core.lease(run_id)
 
+    @_hooks.operation
     def expired_leases(self, *, active_only: bool = False) -> list[Lease]:
         """Owned leases whose expiry has passed (ledger clock) on runs that are not terminal
         (with ``active_only``, on ``active`` runs), soonest-expired first."""
         return self._core.expired_leases(active_only)
 
+    @_hooks.operation
     def leases(self, *, owned_only: bool = False) -> list[Lease]:
         """Every run's lease in one read, runs newest first (a run never claimed has
         generation 0 and no owner). With ``owned_only``, only the leases that have an owner
@@ -1159,12 +1219,14 @@ class Ledger:
 
     # ------------------------------------------------------------------ events
 
+    @_hooks.operation
     def newest_event_seq(self) -> int:
         """The newest event's ``seq`` (0 for an empty log) such that no event below it is still
         to be committed: ``events(after_seq=...)`` from it misses nothing. One probe of the
         log's primary key, whatever its size (a live tail or a dashboard starts from it)."""
         return self._core.newest_event_seq()
 
+    @_hooks.operation
     def events(
         self,
         run_id: str | None = None,
@@ -1178,6 +1240,7 @@ class Ledger:
         wanted = _refs(types, "types")
         return self._core.events(run_id, after_seq, limit, wanted)
 
+    @_hooks.operation
     def wait_events(
         self,
         run_id: str | None = None,
@@ -1201,6 +1264,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ retention
 
+    @_hooks.operation
     def prune(
         self,
         *,
@@ -1248,6 +1312,7 @@ class Ledger:
         )
         return pruned
 
+    @_hooks.operation
     def restore(
         self,
         archive: _archive.Archive,
@@ -1273,6 +1338,7 @@ class Ledger:
         so far (every few hundred, and once with the total after the commit)."""
         return self._core.restore(_archive.reader(archive, max_line_bytes), progress=progress)
 
+    @_hooks.operation
     def vacuum(self) -> None:
         """Rewrite the database compactly: SQLite ``VACUUM`` (which also turns on the
         incremental auto-vacuum that lets ``prune`` shrink the file, for a file made by an older

@@ -43,7 +43,7 @@ import asyncio
 import functools
 import inspect
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 try:
@@ -57,28 +57,14 @@ except ImportError as e:  # the core wheel has no dependencies; the extra brings
         "fencepost.otel needs the OpenTelemetry API: pip install 'fencepost[otel]'"
     ) from e
 
-from fencepost import _core, _observe
-from fencepost.aio import AsyncLedger
+from fencepost import _core, _hooks, _observe
 from fencepost.errors import LedgerError, StoreBusy, StoreError
 from fencepost.ledger import Ledger
 from fencepost.models import Attempt, Reservation, Run
 
 __all__ = ["INSTRUMENTS", "OPERATIONS", "instrument", "is_instrumented", "link", "uninstrument"]
 
-OPERATIONS: Final = (
-    "put_json", "get_json", "start_run", "publish_child_run", "get_run", "resolve_run_id",
-    "list_runs", "find_active_run", "find_active_run_outside_scope", "find_scope_occupant",
-    "child_runs", "steps", "complete_step", "block_run", "resume_run", "abandon_run",
-    "set_outputs", "reserve_attempt", "reserve_attempts", "finish_attempt", "finish_attempts",
-    "attempts", "units", "unit_counts", "unit", "accounting", "reserve_run", "prepare_or_adopt",
-    "claim", "claim_next", "heartbeat", "release", "set_status", "lease", "expired_leases",
-    "leases", "events", "wait_events", "prune", "restore", "vacuum", "integrity_check",
-    "orphan_attempts", "set_concurrency_limit", "concurrency_limits", "pause_workflow",
-    "resume_workflow", "paused_workflows", "queued_runs", "queue_overview", "due_units",
-    "exhausted_units", "retry_units", "cancel_units", "child_summary",
-    "send", "receive", "messages", "put_schedule", "schedules", "pause_schedule",
-    "resume_schedule", "delete_schedule", "tick_schedules", "unit_attempts", "newest_event_seq",
-)  # fmt: skip
+OPERATIONS: Final = _hooks.OPERATIONS
 """The operations that get a span and count in ``fencepost.operations``."""
 
 INSTRUMENTS: Final = (
@@ -309,72 +295,75 @@ def _run_id(param: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return found if isinstance(found, str) else None
 
 
-def _wrap_sync(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    param = _run_param(fn)
+@functools.cache
+def _param_of(name: str) -> str | None:
+    return _run_param(getattr(Ledger, name))
 
-    @functools.wraps(fn)
-    def op(self: Any, *args: Any, **kwargs: Any) -> Any:
-        t = _state
-        if t is None or not (t._live or t.live()):
-            return fn(self, *args, **kwargs)
-        span = t.start(name, _run_id(param, args, kwargs))
+
+class _Hook:
+    """The hook :func:`instrument` sets (``fencepost._hooks``): a span and the operation's
+    counts around each call, once a provider is set."""
+
+    def __init__(self, telemetry: _Telemetry) -> None:
+        self.t = telemetry
+
+    def call(
+        self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        t = self.t
+        if not (t._live or t.live()):
+            return fn(*args, **kwargs)
+        ledger, rest = args[0], args[1:]
+        span = t.start(name, _run_id(_param_of(name), rest, kwargs))
         started = time.perf_counter_ns()
         with trace.use_span(span, end_on_exit=False, record_exception=False):
             if name in _RESERVES:
-                args, kwargs = _with_trace_context(name, span, args, kwargs)
+                rest, kwargs = _with_trace_context(name, span, rest, kwargs)
             try:
-                result = fn(self, *args, **kwargs)
+                result = fn(ledger, *rest, **kwargs)
             except BaseException as e:
                 t.end(name, span, started, None, e)
                 raise
         t.end(name, span, started, result, None)
         return result
 
-    op.__wrapped_by_fencepost__ = fn  # type: ignore[attr-defined]
-    return op
-
-
-def _wrap_async(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    param = _run_param(fn)
-
-    @functools.wraps(fn)
-    async def op(self: Any, *args: Any, **kwargs: Any) -> Any:
-        t = _state
-        if t is None or not (t._live or t.live()):
-            return await fn(self, *args, **kwargs)
-        span = t.start(name, _run_id(param, args, kwargs))
+    async def acall(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        t = self.t
+        if not (t._live or t.live()):
+            return await fn(*args, **kwargs)
+        ledger, rest = args[0], args[1:]
+        span = t.start(name, _run_id(_param_of(name), rest, kwargs))
         started = time.perf_counter_ns()
         with trace.use_span(span, end_on_exit=False, record_exception=False):
             if name in _RESERVES:
-                args, kwargs = _with_trace_context(name, span, args, kwargs)
+                rest, kwargs = _with_trace_context(name, span, rest, kwargs)
             try:
-                result = await fn(self, *args, **kwargs)
+                result = await fn(ledger, *rest, **kwargs)
             except BaseException as e:
                 t.end(name, span, started, None, e)
                 raise
         t.end(name, span, started, result, None)
         return result
-
-    op.__wrapped_by_fencepost__ = fn  # type: ignore[attr-defined]
-    return op
 
 
 _state: _Telemetry | None = None
 
 
 def instrument(*, tracer_provider: Any = None, meter_provider: Any = None) -> None:
-    """Instrument every ``Ledger`` and ``AsyncLedger`` of the process (open or not). The
-    providers default to the global ones, read when a call first finds them set; calling
-    again replaces the providers."""
+    """Instrument every ``Ledger`` and ``AsyncLedger`` of the process (open or not): every
+    operation passes one hook (``fencepost._hooks``), which this sets. The providers default
+    to the global ones, read when a call first finds them set; calling again replaces the
+    providers."""
     global _state
     uninstrument()
     _state = _Telemetry(tracer_provider, meter_provider)
-    for name in OPERATIONS:
-        setattr(Ledger, name, _wrap_sync(name, getattr(Ledger, name)))
-        method = AsyncLedger.__dict__.get(name)
-        if method is not None:
-            wrap = _wrap_async if inspect.iscoroutinefunction(method) else _wrap_sync
-            setattr(AsyncLedger, name, wrap(name, method))
+    _hooks.hook = _Hook(_state)
     _observe.sink = _state
     # Made now if the environment names them, so that _unset() sees them.
     trace.get_tracer_provider()
@@ -383,15 +372,11 @@ def instrument(*, tracer_provider: Any = None, meter_provider: Any = None) -> No
 
 
 def uninstrument() -> None:
-    """Put every operation back as it was; nothing is emitted afterwards."""
+    """Take the hook away; nothing is emitted afterwards."""
     global _state
     if _state is None:
         return
-    for cls in (Ledger, AsyncLedger):
-        for name in OPERATIONS:
-            wrapped = getattr(cls.__dict__.get(name), "__wrapped_by_fencepost__", None)
-            if wrapped is not None:
-                setattr(cls, name, wrapped)
+    _hooks.hook = None
     _observe.sink = None
     _core.observe_groups(False)
     _state = None

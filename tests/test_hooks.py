@@ -51,9 +51,7 @@ def test_the_core_stubs_hold_every_operation() -> None:
     tree = ast.parse((PACKAGE / "_core.pyi").read_text(encoding="utf-8"))
     [ledger] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Ledger"]
     stubbed = {
-        n.name
-        for n in ledger.body
-        if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")
+        n.name for n in ledger.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")
     }
     operations = set(_hooks.OPERATIONS) - set(_hooks.FACADE_ONLY)
     assert operations <= stubbed, operations - stubbed

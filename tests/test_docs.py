@@ -67,3 +67,10 @@ def test_the_orchestrator_guide_runs(tmp_path: pathlib.Path) -> None:
     out = run_guide(tmp_path, "orchestrator", at_least=6)
     assert "'by_status': {'completed': 3}" in out, out
     assert "{'by': 'ana'}" in out, out
+
+
+def test_the_api_reference_runs(tmp_path: pathlib.Path) -> None:
+    out = run_guide(tmp_path, "api", at_least=6)
+    assert "sha256:93a23971a914e5eacbf0a8d25154cda309c3c1c72fbb9914d47c60f3cb681588" in out, out
+    assert "ChildSummary(total=1, by_status={'active': 1}, settled=False)" in out, out
+    assert "[True, True, True, False]" in out, out

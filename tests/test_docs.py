@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.conftest import PG_URL, REPO, pg_connect
 
 SETUP = """
 import fencepost as fp
@@ -74,3 +74,14 @@ def test_the_api_reference_runs(tmp_path: pathlib.Path) -> None:
     assert "sha256:93a23971a914e5eacbf0a8d25154cda309c3c1c72fbb9914d47c60f3cb681588" in out, out
     assert "ChildSummary(total=1, by_status={'active': 1}, settled=False)" in out, out
     assert "[True, True, True, False]" in out, out
+
+
+def test_the_operations_guide_runs(tmp_path: pathlib.Path) -> None:
+    """Its PostgreSQL example makes a schema of its own, dropped afterwards."""
+    try:
+        out = run_guide(tmp_path, "operations", at_least=6)
+        assert out.startswith("PruneReport(runs=0, attempts=0, events=0"), out
+        assert (tmp_path / "runs-2026-11.jsonl.gz").exists()
+    finally:
+        with pg_connect(PG_URL) as conn:
+            conn.execute('DROP SCHEMA IF EXISTS "operations_example" CASCADE')

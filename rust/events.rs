@@ -158,3 +158,147 @@ pub fn read(
         list(tx, resource, after_seq, limit, types, horizon)
     })
 }
+
+/// The most events `event_counts` reads to count exactly (by default); past it, it counts by
+/// position.
+pub const EXACT_MAX: i64 = 5_000;
+/// The largest `exact_max` a caller may ask for: a read of that many events is still short.
+pub const EXACT_MAX_LIMIT: i64 = 100_000;
+/// How close a minute's boundary is placed when counting by position: this fraction of the
+/// range's average minute (a batch of writes shares one time, so placing a boundary inside
+/// one would cost probes and tell nothing).
+const PRECISION: f64 = 0.002;
+/// A minute, in ms.
+const MINUTE: i64 = 60_000;
+/// The longest range `event_counts` takes, in minutes (a day).
+pub const MAX_MINUTES: i64 = 1_440;
+
+/// Events per minute for `minutes` minutes from `first_ms` (a minute's start), and whether the
+/// counts are exact. The log is not read through: `seq` is dense and `ts` grows with it, so a
+/// minute's events are about the `seq` range between the first event at or after its start
+/// and the first at or after its end. Each boundary is found by probes of one event (a
+/// primary-key seek), interpolating on `ts` and halving when that stops paying, to within
+/// [`PRECISION`] of the range's average minute: a range of millions of events costs a few
+/// hundred probes, all in one read transaction. When the range holds at most `exact_max`
+/// (0 to [`EXACT_MAX_LIMIT`]) events they are read and counted exactly instead.
+pub fn counts_per_minute(
+    store: &mut dyn crate::store::Store,
+    first_ms: i64,
+    minutes: i64,
+    exact_max: i64,
+) -> Result<(Vec<i64>, bool)> {
+    if !(1..=MAX_MINUTES).contains(&minutes) {
+        return Err(crate::errors::LedgerError::invalid(
+            "minutes",
+            format!("must be from 1 to {MAX_MINUTES}, not {minutes}"),
+        ));
+    }
+    if !(0..=EXACT_MAX_LIMIT).contains(&exact_max) {
+        return Err(crate::errors::LedgerError::invalid(
+            "exact_max",
+            format!("must be from 0 to {EXACT_MAX_LIMIT}, not {exact_max}"),
+        ));
+    }
+    let first_ms = first_ms.div_euclid(MINUTE) * MINUTE;
+    let horizon = store.event_horizon()?;
+    store.read("counting events", |tx| {
+        let head: i64 = tx
+            .row(&sql::NEWEST_EVENT_SEQ_SQL, params![horizon], |r| r.get(0))?
+            .unwrap_or_default();
+        let n = usize::try_from(minutes).unwrap_or(0);
+        let mut counts = vec![0_i64; n];
+        if head == 0 {
+            return Ok((counts, true));
+        }
+        let mut finder = Bounds {
+            tx,
+            head,
+            known: Vec::new(),
+        };
+        let first = finder.lower_bound(first_ms, 1)?;
+        if head + 1 - first <= exact_max {
+            let times = tx.rows(&sql::EVENT_TIMES_SQL, params![first, head], |r| {
+                r.get::<i64>(0)
+            })?;
+            for ts in times {
+                let at = (ts - first_ms).div_euclid(MINUTE);
+                if let Some(c) = usize::try_from(at).ok().and_then(|i| counts.get_mut(i)) {
+                    *c += 1;
+                }
+            }
+            return Ok((counts, true));
+        }
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+        let within = (((head + 1 - first) as f64 / minutes as f64) * PRECISION).max(1.0) as i64;
+        let mut bounds = Vec::with_capacity(n + 1);
+        bounds.push(first);
+        for i in 1..minutes {
+            bounds.push(finder.lower_bound(first_ms + i * MINUTE, within)?);
+        }
+        bounds.push(head + 1);
+        for (i, c) in counts.iter_mut().enumerate() {
+            *c = (bounds[i + 1] - bounds[i]).max(0);
+        }
+        Ok((counts, false))
+    })
+}
+
+/// The boundaries' search: what the probes so far found, (position, time of the first event
+/// at or after it), in position order.
+struct Bounds<'a> {
+    tx: &'a dyn crate::store::Tx,
+    head: i64,
+    known: Vec<(i64, i64)>,
+}
+
+impl Bounds<'_> {
+    fn probe(&mut self, position: i64) -> Result<(i64, i64)> {
+        let found = self.tx.row(&sql::EVENT_AT_SQL, params![position], |r| {
+            Ok((r.get::<i64>(0)?, r.get::<i64>(1)?))
+        })?;
+        // None from here to the head (pruned meanwhile): past the end.
+        let (seq, ts) = found.unwrap_or((self.head + 1, i64::MAX));
+        for point in [(position, ts), (seq, ts)] {
+            if let Err(at) = self.known.binary_search(&point) {
+                self.known.insert(at, point);
+            }
+        }
+        Ok((seq, ts))
+    }
+
+    /// The first position whose event's time is at or after `t` (head + 1: none), or one at
+    /// most `within` after it.
+    fn lower_bound(&mut self, t: i64, within: i64) -> Result<i64> {
+        let (mut low, mut low_ts, mut high, mut high_ts) = (0, None, self.head + 1, None);
+        // The tightest bracket the probes so far give.
+        for &(position, ts) in &self.known {
+            if ts < t {
+                (low, low_ts) = (position, Some(ts));
+            } else if position < high {
+                (high, high_ts) = (position, Some(ts));
+                break;
+            }
+        }
+        let mut interpolate = true;
+        while high - low > within {
+            let width = high - low;
+            let position = match (interpolate, low_ts, high_ts) {
+                (true, Some(lt), Some(ht)) if ht > lt && ht != i64::MAX => {
+                    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+                    let guess = low + ((t - lt) as f64 * width as f64 / (ht - lt) as f64) as i64;
+                    guess.clamp(low + 1, high - 1)
+                }
+                _ => low + width / 2,
+            };
+            let (seq, ts) = self.probe(position)?;
+            if ts >= t {
+                (high, high_ts) = (position, Some(ts));
+            } else {
+                (low, low_ts) = (seq, Some(ts));
+            }
+            // Interpolation while it more than halves the bracket, halving otherwise.
+            interpolate = (high - low) * 2 <= width;
+        }
+        Ok(high)
+    }
+}

@@ -4,6 +4,7 @@ TRUNCATE on PostgreSQL), so a ``seq`` a reader has seen keeps its meaning."""
 
 from __future__ import annotations
 
+import datetime as dt
 import pathlib
 import sqlite3
 
@@ -11,7 +12,7 @@ import psycopg
 import pytest
 
 import fencepost as fp
-from tests.conftest import STEPS, pg_connect, pg_schema, raw_db
+from tests.conftest import STEPS, FakeClock, pg_connect, pg_schema, raw_db
 
 
 def test_events_paging_and_filters(ledger: fp.Ledger, run: fp.Run) -> None:
@@ -57,3 +58,40 @@ def test_events_are_append_only_in_postgresql() -> None:
                 with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
                     conn.execute(statement)
             assert conn.execute("SELECT count(*) FROM events").fetchone() == (1,)
+
+
+def test_event_counts_per_minute_exact_and_by_position(ledger: fp.Ledger, clock: FakeClock) -> None:
+    minute = 60_000
+    start = (clock.now // minute) * minute
+    per_minute = [3, 0, 5, 1, 8, 2]
+    run = ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], force=True)
+    clock.now = start
+    first = ledger.newest_event_seq()
+    for m, n in enumerate(per_minute):
+        clock.now = start + m * minute + 1_000
+        for i in range(n):
+            ledger.reserve_attempt(run.run_id, f"m{m}-{i}", step_id="s")
+    since = fp.models.from_ms(start)
+    exact = ledger.event_counts(since=since, minutes=6)
+    assert exact.exact
+    assert [c for _, c in exact.minutes] == [1 + per_minute[0], *per_minute[1:]]
+    assert [t for t, _ in exact.minutes] == [
+        fp.models.from_ms(start + m * minute) for m in range(6)
+    ]
+    # Counted by position (what a busy range gets): the same counts, found by probes.
+    probed = ledger.event_counts(since=since, minutes=6, exact_max=0)
+    assert not probed.exact
+    assert probed.minutes == exact.minutes
+    assert probed.total == exact.total == ledger.newest_event_seq() - first + 1
+    # By default the last minutes by the ledger's clock, the current one included.
+    latest = ledger.event_counts(minutes=2)
+    assert [c for _, c in latest.minutes] == per_minute[-2:]
+    for kw, argument in (
+        ({"minutes": 0}, "minutes"),
+        ({"minutes": 1441}, "minutes"),
+        ({"exact_max": -1}, "exact_max"),
+        ({"since": dt.datetime(2026, 1, 1)}, "since"),
+    ):
+        with pytest.raises(fp.InvalidArgument) as bad:
+            ledger.event_counts(**kw)
+        assert bad.value.argument == argument

@@ -33,6 +33,7 @@ OPERATIONS: Final = (
     "exhausted_units", "retry_units", "cancel_units", "child_summary",
     "send", "receive", "messages", "put_schedule", "schedules", "pause_schedule",
     "resume_schedule", "delete_schedule", "tick_schedules", "unit_attempts", "newest_event_seq",
+    "event_counts",
 )  # fmt: skip
 """Every operation of a ledger: what telemetry spans and counts."""
 

@@ -462,6 +462,7 @@ class AsyncLedger:
     cancel_units = _in_thread(Ledger.cancel_units)
     send = _in_thread(Ledger.send)
     newest_event_seq = _in_thread(Ledger.newest_event_seq)
+    event_counts = _in_thread(Ledger.event_counts)
     receive = _in_thread(Ledger.receive)
     messages = _in_thread(Ledger.messages)
     put_schedule = _in_thread(Ledger.put_schedule)

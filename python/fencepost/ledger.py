@@ -28,6 +28,7 @@ from fencepost.models import (
     Claim,
     ClaimedPreparation,
     Event,
+    EventCounts,
     KeyUsage,
     Lease,
     Message,
@@ -116,6 +117,15 @@ def _after_run(after: object) -> tuple[int, int, str] | None:
             argument="after",
         )
     return to_ms(after.updated_at), to_ms(after.created_at), after.run_id
+
+
+def _aware(value: object, argument: str) -> _dt.datetime:
+    """``value`` if it is an aware datetime; ``InvalidArgument`` naming ``argument`` if not."""
+    if not isinstance(value, _dt.datetime) or value.utcoffset() is None:
+        raise InvalidArgument(
+            f"must be an aware datetime (datetime.now(UTC)), not {value!r}", argument=argument
+        )
+    return value
 
 
 def _not_before(not_before: object) -> tuple[int | None, int | None]:
@@ -1218,6 +1228,23 @@ class Ledger:
         return self._core.leases(owned_only)
 
     # ------------------------------------------------------------------ events
+
+    @_hooks.operation
+    def event_counts(
+        self, *, since: _dt.datetime | None = None, minutes: int = 60, exact_max: int = 5_000
+    ) -> EventCounts:
+        """Events per minute for ``minutes`` minutes (1 to 1 440) from the minute ``since``
+        falls in (an aware datetime), by default the last ``minutes`` minutes by the ledger's
+        clock, the current one included. Counted without reading the range through: the
+        minutes' boundaries are found by probes of the log's primary key (a few hundred for
+        millions of events, in one read), or, when the range holds at most ``exact_max``
+        events (0 to 100 000), by reading them (``EventCounts.exact``)."""
+        first = None if since is None else to_ms(_aware(since, "since"))
+        start, counts, exact = self._core.event_counts(first, minutes, exact_max)
+        return EventCounts(
+            minutes=[(from_ms(start + i * 60_000), c) for i, c in enumerate(counts)],
+            exact=exact,
+        )
 
     @_hooks.operation
     def newest_event_seq(self) -> int:

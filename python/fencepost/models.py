@@ -42,6 +42,7 @@ __all__ = [
     "Claim",
     "ClaimedPreparation",
     "Event",
+    "EventCounts",
     "KeyUsage",
     "Lease",
     "Message",
@@ -357,6 +358,22 @@ class Schedule:
     last_run_status: RunStatus | None
     created_at: _dt.datetime
     updated_at: _dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class EventCounts:
+    """Events per minute (``Ledger.event_counts``): ``minutes`` holds each minute's start and
+    how many events were written in it, oldest first. ``exact``: counted event by event (a
+    range of at most 5 000 events); otherwise counted by position in the log, to within a
+    fraction of a percent of the average minute."""
+
+    minutes: list[tuple[_dt.datetime, int]]
+    exact: bool
+
+    @property
+    def total(self) -> int:
+        """Every minute's events together."""
+        return sum(count for _, count in self.minutes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -334,6 +334,12 @@ fn the_newest_event_is_one_probe(store: &mut dyn Store) {
         !p.contains("Seq Scan on events"),
         "no walk of the log:\n{p}"
     );
+    // `event_counts`' probe: a seek into the primary key, whatever the log holds.
+    let at = plan(store, &sql::EVENT_AT_SQL, params![100_i64]);
+    assert!(
+        !at.contains("Seq Scan on events") && !at.contains("SCAN events"),
+        "a seek, not a walk:\n{at}"
+    );
     let newest = crate::events::newest_seq(store).expect("newest");
     let mut all = crate::events::read(store, None, 0, 10_000, None).expect("events");
     assert_eq!(newest, all.pop().map_or(0, |e| e.seq));

@@ -1031,6 +1031,25 @@ impl PyLedger {
         rows.into_iter().map(|e| records::event(py, e)).collect()
     }
 
+    /// Events per minute for `minutes` minutes from the minute of `first_ms` (by default the
+    /// last `minutes` minutes, the current one included), and whether they are exact.
+    fn event_counts(
+        &self,
+        py: Python<'_>,
+        first_ms: Option<i64>,
+        minutes: &Bound<'_, PyAny>,
+        exact_max: &Bound<'_, PyAny>,
+    ) -> PyResult<(i64, Vec<i64>, bool)> {
+        let minutes = int(minutes, "minutes")?;
+        let exact_max = int(exact_max, "exact_max")?;
+        self.run(py, move |s, now| {
+            let first = first_ms
+                .unwrap_or_else(|| now.div_euclid(60_000) * 60_000 - (minutes - 1).max(0) * 60_000);
+            let (counts, exact) = events::counts_per_minute(s, first, minutes, exact_max)?;
+            Ok((first.div_euclid(60_000) * 60_000, counts, exact))
+        })
+    }
+
     fn newest_event_seq(&self, py: Python<'_>) -> PyResult<i64> {
         self.run(py, |s, _| events::newest_seq(s))
     }

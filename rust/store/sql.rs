@@ -1285,3 +1285,10 @@ pub const PAUSE_SCHEDULE_SQL: Sql = Sql::same(
 );
 /// Delete a schedule.
 pub const DELETE_SCHEDULE_SQL: Sql = Sql::same("DELETE FROM schedules WHERE name = ?1");
+
+/// `event_counts`: the first event at or after position ?1 (a primary-key seek).
+pub const EVENT_AT_SQL: Sql =
+    Sql::same("SELECT seq, ts FROM events WHERE seq >= ?1 ORDER BY seq LIMIT 1");
+/// `event_counts` over few events: their times, positions ?1 to ?2 (a primary-key range).
+pub const EVENT_TIMES_SQL: Sql =
+    Sql::same("SELECT ts FROM events WHERE seq >= ?1 AND seq <= ?2 ORDER BY seq");

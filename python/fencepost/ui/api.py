@@ -10,10 +10,8 @@ result per row.
 
 from __future__ import annotations
 
-import bisect
 import datetime as dt
 import json
-import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
@@ -810,117 +808,24 @@ class EventFeed:
 
 
 class Throughput:
-    """Events per minute over the last hour, counted without reading the hour's events.
+    """Events per minute over the last hour (``minutes``, 5 to 180): ``Ledger.event_counts``,
+    one read that finds each minute's boundary by probes of the log's primary key (exact when
+    the range holds at most ``exact_max`` events), and the newest seq, one probe."""
 
-    ``seq`` is a dense global cursor and ``ts`` grows with it, so the events of a minute are
-    about the ``seq`` range between the first event at or after its start and the first one
-    at or after its end. Each boundary is found by probes of one event (``events(after_seq=,
-    limit=1)``, a primary-key seek), interpolating on ``ts`` and falling back to halving, to
-    within ``precision`` of the hour's average minute (a batch of writes shares one ``ts``, so
-    the last halvings, which would only place a boundary inside such a batch, are saved): an
-    hour of millions of events costs a few hundred probes. When the hour holds at most
-    ``exact_max`` events, they are read and counted exactly instead. Boundaries of minutes that
-    ended a while ago do not move, so they are kept between calls (the newest seq too), and a
-    refresh costs the probes of the minutes that are new."""
-
-    def __init__(self, exact_max: int = 5_000, precision: float = 0.002) -> None:
+    def __init__(self, exact_max: int = 5_000) -> None:
         self.exact_max = exact_max
-        self.precision = precision
-        self._lock = threading.Lock()
-        self._bounds: dict[int, int] = {}
-        self.probes = 0
 
     def __call__(self, ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
         minutes = _int(query, "minutes", 60, 5, 180)
-        with self._lock:
-            return self._count(ledger, minutes, now_ms)
-
-    def _count(self, ledger: fp.Ledger, minutes: int, now_ms: int) -> dict[str, Any]:
-        self.probes = 0
-        head = head_seq(ledger)
         current = now_ms // MINUTE_MS * MINUTE_MS
-        starts = [current - (minutes - 1 - i) * MINUTE_MS for i in range(minutes)]
-        known: list[tuple[int, float]] = []  # (position, ts of the first event at or after it)
-
-        def probe(position: int) -> tuple[int, int]:
-            self.probes += 1
-            found = ledger.events(after_seq=position - 1, limit=1)
-            if not found:  # pruned meanwhile: nothing from here to the head
-                return head + 1, 2**62
-            seq, ts = found[0].seq, fp.models.to_ms(found[0].ts)
-            for point in ((position, ts), (seq, ts)):
-                at = bisect.bisect_left(known, point)
-                if at == len(known) or known[at] != point:
-                    known.insert(at, point)
-            return seq, ts
-
-        def lower_bound(t: int, within: int = 1) -> int:
-            """The first position whose event's ts is at or after ``t`` (head + 1: none), or
-            one at most ``within`` after it."""
-            cached = self._bounds.get(t)
-            if cached is not None and cached <= head + 1:
-                return cached
-            low, low_ts, high, high_ts = 0, -math.inf, head + 1, math.inf
-            for position, ts in known:  # the tightest bracket the probes so far give
-                if ts < t:
-                    low, low_ts = position, ts
-                elif position < high:
-                    high, high_ts = position, ts
-                    break
-            interpolate = True
-            while high - low > within:
-                width = high - low
-                if interpolate and math.isfinite(low_ts) and math.isfinite(high_ts):
-                    span = high_ts - low_ts
-                    guess = low + int((t - low_ts) * width / span) if span > 0 else low + 1
-                    position = min(max(guess, low + 1), high - 1)
-                else:
-                    position = (low + high) // 2
-                seq, ts = probe(position)
-                if ts >= t:
-                    high, high_ts = position, ts
-                else:
-                    low, low_ts = seq, ts
-                # Interpolation while it more than halves the bracket, halving otherwise.
-                interpolate = (high - low) * 2 <= width
-            if t + MINUTE_MS < now_ms - 10_000:
-                self._bounds[t] = high
-            return high
-
-        first = lower_bound(starts[0]) if head else 1
-        exact = head + 1 - first <= self.exact_max
-        counts = [0] * minutes
-        if not head:
-            pass
-        elif exact:
-            after = first - 1
-            while True:
-                page = ledger.events(after_seq=after, limit=1000)
-                for e in page:
-                    at = (fp.models.to_ms(e.ts) - starts[0]) // MINUTE_MS
-                    if 0 <= at < minutes:
-                        counts[at] += 1
-                if len(page) < 1000:
-                    break
-                after = page[-1].seq
-        else:
-            within = max(1, int((head + 1 - first) / minutes * self.precision))
-            bounds = [first, *(lower_bound(t, within) for t in starts[1:]), head + 1]
-            counts = [max(0, bounds[i + 1] - bounds[i]) for i in range(minutes)]
-        # Forget boundaries that fell out of every window asked for.
-        oldest = current - 180 * MINUTE_MS
-        for t in [t for t in self._bounds if t < oldest]:
-            del self._bounds[t]
+        since = fp.models.from_ms(current - (minutes - 1) * MINUTE_MS)
+        counts = ledger.event_counts(since=since, minutes=minutes, exact_max=self.exact_max)
         return {
             "now": iso(fp.models.from_ms(now_ms)),
-            "minutes": [
-                {"start": iso(fp.models.from_ms(t)), "count": c}
-                for t, c in zip(starts, counts, strict=True)
-            ],
-            "total": sum(counts),
-            "exact": exact,
-            "head": head,
-            "probes": self.probes,
+            "minutes": [{"start": iso(t), "count": c} for t, c in counts.minutes],
+            "total": counts.total,
+            "exact": counts.exact,
+            "head": head_seq(ledger),
         }
 
 

@@ -40,8 +40,6 @@ __all__ = ["Dashboard", "DashboardServer", "is_loopback", "make_server"]
 COOKIE = "fencepost_ui"
 # The largest request body a refused method's request may carry and still keep its connection.
 MAX_DISCARD = 1 << 16
-# How often the throughput counter is brought up to date in the background.
-COUNT_EVERY_S = 60.0
 # Connections that serve the pages (one more serves the event streams).
 READERS = 3
 # Long-lived event streams at once; more are refused (503) rather than starving the pages.
@@ -87,8 +85,8 @@ def _static(name: str) -> bytes:
 
 
 class Dashboard:
-    """What the handlers share: the ledger connections, the token, the throughput counter's
-    and the run totals' memory, and the open streams.
+    """What the handlers share: the ledger connections, the token, the throughput counter,
+    the run totals' memory, and the open streams.
 
     One connection serves the event streams (a wait holds no connection while it waits, so
     they all share it) and a small pool serves the pages: a page asks for its parts at once
@@ -138,21 +136,6 @@ class Dashboard:
         for ledger in self.ledgers:
             ledger.close()
 
-    def keep_counting(self) -> None:
-        """Count the last hour's throughput now and once a minute while the server runs, so
-        that every view of the page is a refresh: counting an hour from nothing takes a few
-        hundred probes (milliseconds on SQLite; on PostgreSQL, where each probe is a few round
-        trips, a few hundred milliseconds), a refresh only the probes of the new minutes."""
-        while not self.stopping.is_set():
-            try:
-                with self.reader() as ledger:
-                    if not self.stopping.is_set():
-                        self.throughput(ledger, {}, self.now_ms())
-            except Exception as error:  # the page's own call will say what is wrong
-                if not self.stopping.is_set():
-                    sys.stderr.write(f"fencepost ui: counting throughput failed: {error}\n")
-            self.stopping.wait(COUNT_EVERY_S)
-
     def now_ms(self) -> int:
         return api.now_ms_of(self.clock)
 
@@ -201,10 +184,6 @@ class DashboardServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], dashboard: Dashboard) -> None:
         self.dashboard = dashboard
-        # Made before binding: a failed bind calls server_close, which looks at it.
-        self.counting = threading.Thread(
-            target=dashboard.keep_counting, name="fencepost-ui-throughput", daemon=True
-        )
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
@@ -225,8 +204,6 @@ class DashboardServer(ThreadingHTTPServer):
         self.dashboard.stopping.set()
         super().server_close()
         self.dashboard.join_streams(timeout=5 * STREAM_WAIT_S + 1)
-        if self.counting.is_alive():
-            self.counting.join(timeout=5)
         self.dashboard.close()
 
 
@@ -263,7 +240,6 @@ def make_server(
         for ledger in ledgers:
             ledger.close()
         raise
-    made.counting.start()
     return made
 
 

@@ -10,7 +10,7 @@ browser must log no error (a Content-Security-Policy violation included).
 Chromium and its driver come from the system (Debian's ``chromium`` and ``chromium-driver``,
 which ``scripts/test`` installs); Selenium is pointed at both, so its manager downloads
 nothing. With ``FENCEPOST_SCREENSHOTS=DIR`` each page is saved as ``DIR/<page>.png`` at
-1280x900 (the README's screenshots).
+1280x900 (the screenshots in docs/operations.md).
 """
 
 from __future__ import annotations

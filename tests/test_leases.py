@@ -411,3 +411,18 @@ def test_lease_lost_says_why(ledger: fp.Ledger, clock: FakeClock) -> None:
     # Only the claims themselves wrote (two claims and a release): none of the refused calls.
     events = [e.type for e in ledger.events("run-1") if e.revision > revision]
     assert events == ["lease.claimed", "lease.claimed"], events
+
+
+def test_leases_of_a_page_of_runs_in_one_read(ledger: fp.Ledger) -> None:
+    claim = started(ledger, "run-1")
+    started(ledger, "run-2")
+    ledger.reserve_run("run-3", **queued("run-3"))
+    got = ledger.leases(run_ids=["run-3", "run-1", "nope"])
+    assert [le.run_id for le in got] == ["run-1", "run-3"]
+    assert (got[0].generation, got[0].owner_id) == (claim.generation, "host-a")
+    assert (got[1].generation, got[1].owner_id) == (0, None)
+    assert got[0] == ledger.lease("run-1")
+    assert ledger.leases(run_ids=[]) == []
+    with pytest.raises(fp.InvalidArgument) as many:
+        ledger.leases(run_ids=[f"r{i}" for i in range(10_001)])
+    assert many.value.argument == "run_ids"

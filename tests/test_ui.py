@@ -1157,3 +1157,73 @@ def test_a_units_page_is_a_bounded_number_of_reads(
     history = page["units"][0]["history"]
     assert [a["attempt"] for a in history] == list(range(6, 26))
     assert sorted(calls) == ["get_run", "unit_attempts", "units"], calls
+
+
+class _Counting:
+    """A ledger hook (``fencepost._hooks``) that counts the operations the server makes."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.lock = threading.Lock()
+
+    def call(self, name: str, fn: Any, args: Any, kwargs: Any) -> Any:
+        with self.lock:
+            self.calls.append(name)
+        return fn(*args, **kwargs)
+
+    async def acall(self, name: str, fn: Any, args: Any, kwargs: Any) -> Any:  # pragma: no cover
+        return await fn(*args, **kwargs)
+
+
+PAGES = [
+    "/api/meta", "/api/runs", "/api/run?id=big", "/api/run/totals?run=big&part=units",
+    "/api/units?run=big", "/api/units?run=big&status=failed", "/api/leases", "/api/queue",
+    "/api/queue?lane=later", "/api/retries", "/api/retries?kind=exhausted", "/api/schedules",
+    "/api/events", "/api/events?run=big&after=0", "/api/throughput", "/api/doctor",
+]  # fmt: skip
+
+
+def test_every_page_is_a_bounded_number_of_reads(
+    filled: fp.Ledger, target: str, clock: FakeClock
+) -> None:
+    """Each page makes the same number of ledger calls with ten times the data behind it."""
+    from fencepost import _hooks
+
+    def grow(n: int) -> None:
+        run = filled.get_run("big") or filled.start_run(
+            "wf", scope_key=None, steps=STEPS, run_id="big", force=True
+        )
+        for i in range(n):
+            clock.advance(1)
+            filled.start_run("wf", scope_key=None, steps=STEPS, force=True)
+        have = len(filled.units(run.run_id, limit=10_000))
+        got = filled.reserve_attempts(run.run_id, [{"unit_id": f"u{have + i:05}",
+                                                    "step_id": "build"} for i in range(n * 5)])  # fmt: skip
+        filled.finish_attempts([
+            {"run_id": "big", "unit_id": r.unit_id, "attempt": r.attempt,
+             "dispatch_id": r.dispatch_id, "status": "failed"}
+            for r in got[::2]
+        ])  # fmt: skip
+
+    def reads() -> dict[str, int]:
+        counts = {}
+        counter = _Counting()
+        with served(target, clock=clock) as srv:
+            assert _hooks.hook is None
+            _hooks.hook = counter
+            try:
+                for page in PAGES:
+                    before = len(counter.calls)
+                    answer = request(srv, page)
+                    assert answer.status == 200, (page, answer.body)
+                    counts[page] = len(counter.calls) - before
+            finally:
+                _hooks.hook = None
+        return counts
+
+    grow(10)
+    small = reads()
+    grow(100)
+    large = reads()
+    assert large == small
+    assert max(small.values()) <= 6, small

@@ -1220,12 +1220,16 @@ class Ledger:
         return self._core.expired_leases(active_only)
 
     @_hooks.operation
-    def leases(self, *, owned_only: bool = False) -> list[Lease]:
+    def leases(
+        self, *, owned_only: bool = False, run_ids: Iterable[str] | None = None
+    ) -> list[Lease]:
         """Every run's lease in one read, runs newest first (a run never claimed has
         generation 0 and no owner). With ``owned_only``, only the leases that have an owner
         now, soonest to expire first: a read that costs what the live owners do, however long
-        the ledger's history."""
-        return self._core.leases(owned_only)
+        the ledger's history. With ``run_ids`` (at most 10 000: a page of runs), the leases of
+        those runs, by run id, in one read of primary-key probes (unknown runs left out;
+        ``owned_only`` does not apply)."""
+        return self._core.leases(owned_only, _refs(run_ids, "run_ids"))
 
     # ------------------------------------------------------------------ events
 

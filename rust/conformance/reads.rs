@@ -24,7 +24,8 @@ conformance!(
     a_childs_end_probes_for_live_siblings,
     messages_are_read_by_index,
     due_schedules_are_read_by_index,
-    a_page_of_units_attempts_is_read_by_index
+    a_page_of_units_attempts_is_read_by_index,
+    a_page_of_runs_leases_is_read_by_index
 );
 
 /// `p0` and 3 000 more runs (see [`many_runs`]).
@@ -833,4 +834,25 @@ fn a_page_of_units_attempts_is_read_by_index(store: &mut dyn Store) {
     let got = crate::attempts::unit_attempts(store, "u3", &page, 2).expect("attempts");
     assert_eq!(got.len(), 100);
     assert!(got.iter().all(|a| a.attempt >= 7));
+}
+
+/// `leases(run_ids=...)`: each run and its lease a primary-key probe, whatever the ledger holds.
+fn a_page_of_runs_leases_is_read_by_index(store: &mut dyn Store) {
+    fill_runs(store);
+    let page: Vec<String> = (1..=50).map(|i| format!("m{}", i * 7)).collect();
+    let p = plan(
+        store,
+        &sql::RUN_LEASES_SQL,
+        params![crate::events::json_array(&page)],
+    );
+    assert!(
+        !p.contains("SCAN runs") && !p.contains("Seq Scan on runs"),
+        "each run by its primary key:\n{p}"
+    );
+    assert!(
+        !p.contains("SCAN leases") && !p.contains("Seq Scan on leases"),
+        "each lease by its primary key:\n{p}"
+    );
+    let got = crate::leases::run_leases(store, &page).expect("leases");
+    assert_eq!(got.len(), 50);
 }

@@ -1005,9 +1005,14 @@ impl PyLedger {
         &self,
         py: Python<'py>,
         owned_only: &Bound<'py, PyAny>,
+        run_ids: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let owned_only = flag(owned_only, "owned_only")?;
-        let leases = self.run(py, move |s, _| leases::leases(s, owned_only))?;
+        let run_ids = str_list(run_ids, "run_ids")?;
+        let leases = self.run(py, move |s, _| match run_ids {
+            Some(ids) => leases::run_leases(s, &ids),
+            None => leases::leases(s, owned_only),
+        })?;
         leases.into_iter().map(|l| records::lease(py, l)).collect()
     }
 

@@ -686,6 +686,20 @@ pub const LEASES_SQL: Sql = Sql::split(
     FROM runs r LEFT JOIN leases l ON l.resource_id = r.run_id
     ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id COLLATE \"C\" DESC",
 );
+/// The leases of the runs named in the JSON array ?1, by run id (a run never claimed: generation
+/// 0, no owner): each run and its lease a primary-key probe, for a page of runs in one read.
+pub const RUN_LEASES_SQL: Sql = Sql::split(
+    "SELECT r.run_id, coalesce(l.generation, 0), l.owner_id, l.owner_type, l.expires_at,
+    l.heartbeat_at, coalesce(l.takeovers, 0), coalesce(l.refused_writes, 0)
+    FROM runs r LEFT JOIN leases l ON l.resource_id = r.run_id
+    WHERE r.run_id IN (SELECT value FROM json_each(?1))
+    ORDER BY r.run_id",
+    "SELECT r.run_id, coalesce(l.generation, 0), l.owner_id, l.owner_type, l.expires_at,
+    l.heartbeat_at, coalesce(l.takeovers, 0), coalesce(l.refused_writes, 0)
+    FROM runs r LEFT JOIN leases l ON l.resource_id = r.run_id
+    WHERE r.run_id = ANY (ARRAY(SELECT json_array_elements_text(CAST(?1 AS TEXT)::json)))
+    ORDER BY r.run_id COLLATE \"C\"",
+);
 /// The leases that have an owner now, soonest to expire first: the owner columns are set and
 /// cleared together, so these are exactly the rows of the partial `leases_expires` index, and
 /// the read costs what the live owners do, not what the ledger's history does.

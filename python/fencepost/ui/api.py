@@ -535,9 +535,11 @@ def leases_page(ledger: fp.Ledger, query: Query, now_ms: int) -> dict[str, Any]:
     after = _after_run(one(query, "after"))
     runs = ledger.list_runs(include_children=True, limit=limit + 1, after=after)
     shown = runs[:limit]
+    # The page's leases in one read, not one per run.
+    by_run = {le.run_id: le for le in ledger.leases(run_ids=[r.run_id for r in shown])}
     recent = []
     for run in shown:
-        record = lease_record(ledger.lease(run.run_id), now_ms)
+        record = lease_record(by_run[run.run_id], now_ms)
         record["run_status"] = run.status
         record["workflow_ref"] = run.workflow_ref
         recent.append(record)

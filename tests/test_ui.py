@@ -1193,12 +1193,12 @@ def test_every_page_is_a_bounded_number_of_reads(
         run = filled.get_run("big") or filled.start_run(
             "wf", scope_key=None, steps=STEPS, run_id="big", force=True
         )
-        for i in range(n):
+        for _ in range(n):
             clock.advance(1)
             filled.start_run("wf", scope_key=None, steps=STEPS, force=True)
         have = len(filled.units(run.run_id, limit=10_000))
-        got = filled.reserve_attempts(run.run_id, [{"unit_id": f"u{have + i:05}",
-                                                    "step_id": "build"} for i in range(n * 5)])  # fmt: skip
+        units = [{"unit_id": f"u{have + i:05}", "step_id": "build"} for i in range(n * 5)]
+        got = filled.reserve_attempts(run.run_id, units)
         filled.finish_attempts([
             {"run_id": "big", "unit_id": r.unit_id, "attempt": r.attempt,
              "dispatch_id": r.dispatch_id, "status": "failed"}

@@ -839,6 +839,16 @@ fn a_page_of_units_attempts_is_read_by_index(store: &mut dyn Store) {
 /// `leases(run_ids=...)`: each run and its lease a primary-key probe, whatever the ledger holds.
 fn a_page_of_runs_leases_is_read_by_index(store: &mut dyn Store) {
     fill_runs(store);
+    let leases = Sql::same(
+        "INSERT INTO leases (resource_id, generation) SELECT run_id, 1 FROM runs WHERE true
+        ON CONFLICT DO NOTHING",
+    );
+    store
+        .write("filling leases", |tx| {
+            tx.exec(&leases, params![]).map(|_| ())
+        })
+        .expect("fill leases");
+    analyze(store);
     let page: Vec<String> = (1..=50).map(|i| format!("m{}", i * 7)).collect();
     let p = plan(
         store,

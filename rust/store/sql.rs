@@ -688,6 +688,9 @@ pub const LEASES_SQL: Sql = Sql::split(
 );
 /// The leases of the runs named in the JSON array ?1, by run id (a run never claimed: generation
 /// 0, no owner): each run and its lease a primary-key probe, for a page of runs in one read.
+/// PostgreSQL joins laterally, the `LIMIT` (the key is unique) keeping the planner from
+/// flattening it back into a join that hashes the whole leases table, a walk that grows with
+/// the ledger.
 pub const RUN_LEASES_SQL: Sql = Sql::split(
     "SELECT r.run_id, coalesce(l.generation, 0), l.owner_id, l.owner_type, l.expires_at,
     l.heartbeat_at, coalesce(l.takeovers, 0), coalesce(l.refused_writes, 0)
@@ -696,7 +699,8 @@ pub const RUN_LEASES_SQL: Sql = Sql::split(
     ORDER BY r.run_id",
     "SELECT r.run_id, coalesce(l.generation, 0), l.owner_id, l.owner_type, l.expires_at,
     l.heartbeat_at, coalesce(l.takeovers, 0), coalesce(l.refused_writes, 0)
-    FROM runs r LEFT JOIN leases l ON l.resource_id = r.run_id
+    FROM runs r LEFT JOIN LATERAL (
+        SELECT * FROM leases WHERE leases.resource_id = r.run_id LIMIT 1) l ON true
     WHERE r.run_id = ANY (ARRAY(SELECT json_array_elements_text(CAST(?1 AS TEXT)::json)))
     ORDER BY r.run_id COLLATE \"C\"",
 );

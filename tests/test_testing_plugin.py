@@ -309,7 +309,10 @@ def test_the_postgres_schema_is_dropped_with_psql_without_psycopg(
     pytester: pytest.Pytester,
 ) -> None:
     if shutil.which("psql") is None:
-        pytest.skip("no psql on PATH, the plugin's second way to drop a schema")
+        pytest.skip(
+            "psql (Debian's postgresql-client) is not on PATH: this test covers the plugin's "
+            "fallback that drops a schema with psql when psycopg is missing"
+        )
     # psycopg cannot be imported in the run: only psql can drop the schema.
     pytester.makeconftest("import sys\nsys.modules['psycopg'] = None\n")
     pytester.makepyfile(

@@ -66,6 +66,19 @@ pub(crate) fn check_page(limit: i64, read_on: &str) -> Result<()> {
     }
 }
 
+/// Refuse a list of more than [`MAX_PAGE`] ids (`what`: "units", "runs"), naming `argument`:
+/// a read of a page of keys takes at most a page of them.
+pub(crate) fn check_keys(argument: &str, count: usize, what: &str) -> Result<()> {
+    if count <= usize::try_from(MAX_PAGE).unwrap_or(usize::MAX) {
+        Ok(())
+    } else {
+        Err(LedgerError::invalid(
+            argument,
+            format!("names {count} {what}; ask for at most {MAX_PAGE} at a time"),
+        ))
+    }
+}
+
 /// Events after `after_seq`, optionally of one resource and of some types, oldest first.
 fn list(
     tx: &dyn Tx,

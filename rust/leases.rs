@@ -588,20 +588,9 @@ pub fn expired_leases(store: &mut dyn Store, now_ms: i64, active_only: bool) -> 
     })
 }
 
-/// Every run's lease in one read, runs newest first; with `owned_only`, only the leases that
-/// have an owner, soonest to expire first.
 /// The leases of `run_ids` (at most 10 000; unknown runs left out), by run id, in one read.
 pub fn run_leases(store: &mut dyn Store, run_ids: &[String]) -> Result<Vec<Lease>> {
-    if run_ids.len() > usize::try_from(crate::events::MAX_PAGE).unwrap_or(usize::MAX) {
-        return Err(LedgerError::invalid(
-            "run_ids",
-            format!(
-                "names {} runs; ask for at most {} at a time",
-                run_ids.len(),
-                crate::events::MAX_PAGE
-            ),
-        ));
-    }
+    crate::events::check_keys("run_ids", run_ids.len(), "runs")?;
     if run_ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -611,6 +600,8 @@ pub fn run_leases(store: &mut dyn Store, run_ids: &[String]) -> Result<Vec<Lease
     })
 }
 
+/// Every run's lease in one read, runs newest first; with `owned_only`, only the leases that
+/// have an owner, soonest to expire first.
 pub fn leases(store: &mut dyn Store, owned_only: bool) -> Result<Vec<Lease>> {
     store.read("listing leases", |tx| {
         let statement = if owned_only {

@@ -49,16 +49,7 @@ pub fn unit_attempts(
     unit_ids: &[String],
     latest: i64,
 ) -> Result<Vec<Attempt>> {
-    if unit_ids.len() > usize::try_from(crate::events::MAX_PAGE).unwrap_or(usize::MAX) {
-        return Err(LedgerError::invalid(
-            "unit_ids",
-            format!(
-                "names {} units; ask for at most {} at a time",
-                unit_ids.len(),
-                crate::events::MAX_PAGE
-            ),
-        ));
-    }
+    crate::events::check_keys("unit_ids", unit_ids.len(), "units")?;
     if !(1..=crate::events::MAX_PAGE).contains(&latest) {
         return Err(LedgerError::invalid(
             "latest",

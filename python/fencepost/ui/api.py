@@ -62,7 +62,7 @@ LEASES_SHOWN = 100
 # (a count is a walk of an index, and the page repeats it every few seconds).
 QUEUE_KEYS_SHOWN = 100
 QUEUE_COUNT_MAX = 10_000
-# Schedules listed on the schedules page, by name; each costs one read of its last run.
+# Schedules listed on the schedules page, by name (one read carries their last runs' status).
 SCHEDULES_SHOWN = 200
 # JSON documents in lists (results, payloads) and on a run's page (params, outputs, evidence).
 CLIP_LIST = 2_000

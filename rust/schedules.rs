@@ -386,10 +386,13 @@ fn tick_one(store: &mut dyn Store, name: &str, now_ms: i64) -> Result<Vec<Run>> 
         {
             return Ok(Vec::new());
         }
-        let mut last_run = s.last_run_id.clone();
+        // Whether the last fire's run is live: as read with the schedule (a pruned run has
+        // ended), and then a run this tick queues is (it is queued).
+        let mut last_live = s.last_run_status.is_some_and(|st| !st.is_terminal());
+        let skip = s.overlap == Overlap::Skip.as_str();
         let mut queued = Vec::new();
         for &slot in &slots {
-            if s.overlap == Overlap::Skip.as_str() && live(tx, last_run.as_deref())? {
+            if skip && last_live {
                 continue;
             }
             let run = s.fire(slot);
@@ -402,7 +405,7 @@ fn tick_one(store: &mut dyn Store, name: &str, now_ms: i64) -> Result<Vec<Run>> 
                 continue;
             }
             crate::queue::reserve_in(tx, &run, now_ms)?;
-            last_run = Some(run.run_id.clone());
+            last_live = true;
             queued.push(run.run_id);
         }
         let newest = slots.last().copied();
@@ -415,17 +418,6 @@ fn tick_one(store: &mut dyn Store, name: &str, now_ms: i64) -> Result<Vec<Run>> 
             .map(|id| crate::runs::must_read_run(tx, id))
             .collect()
     })
-}
-
-/// Whether `run_id` names a run that has not ended (a pruned run has).
-fn live(tx: &dyn crate::store::Tx, run_id: Option<&str>) -> Result<bool> {
-    let Some(run_id) = run_id else {
-        return Ok(false);
-    };
-    let status = tx.row(&sql::RUN_STATUS_SQL, params![run_id], |r| {
-        r.get::<RunStatus>(0)
-    })?;
-    Ok(status.is_some_and(|s| !s.is_terminal()))
 }
 
 #[cfg(test)]

@@ -40,6 +40,7 @@ except ImportError as e:  # imported by hand outside pytest: the wheel does not 
     raise ImportError("fencepost.testing is a pytest plugin: pip install pytest") from e
 
 from fencepost.ledger import Ledger, redact_target
+from fencepost.models import from_ms, to_ms
 
 __all__ = ["BACKENDS", "DEFAULT_PG_URL", "FakeClock"]
 
@@ -50,7 +51,6 @@ DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 """The PostgreSQL server used when neither ``--fencepost-pg-url`` nor ``$FENCEPOST_PG_URL``
 names one."""
 
-_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 _MS = _dt.timedelta(milliseconds=1)
 
 
@@ -61,7 +61,7 @@ def _ms_of(when: _dt.datetime, argument: str) -> int:
             f"{argument} is a naive datetime, which names no instant; pass an aware one "
             "(datetime(2026, 1, 1, tzinfo=UTC))"
         )
-    return (when - _EPOCH) // _MS
+    return to_ms(when)
 
 
 class FakeClock:
@@ -99,7 +99,7 @@ class FakeClock:
     @property
     def datetime(self) -> _dt.datetime:
         """The current time as an aware UTC datetime, as the ledger's models show times."""
-        return _EPOCH + self.now * _MS
+        return from_ms(self.now)
 
     def advance(self, by: int | _dt.timedelta) -> int:
         """Move the clock by ``by``: milliseconds, or a ``timedelta`` (whole milliseconds; any

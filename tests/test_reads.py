@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import typing
 
 import pytest
 
@@ -59,6 +60,54 @@ def test_run_pages_return_every_run_once_newest_first(ledger: fp.Ledger, clock: 
     # active_only and status must both hold.
     assert ledger.list_runs(active_only=True, status="blocked") == []
     assert {r.status for r in ledger.list_runs(active_only=True, limit=50)} == {"active"}
+
+
+def test_runs_by_workflow_name_and_time_range_and_counted(
+    ledger: fp.Ledger, clock: FakeClock
+) -> None:
+    _runs(ledger, clock, 30)
+    for i in range(6):
+        ledger.start_run("other@2", scope_key=None, steps=STEPS, run_id=f"o{i}", force=True)
+        clock.advance(1)
+    everything = ledger.list_runs()
+    other = ledger.get_run("o0")
+    assert other is not None
+    # A workflow name: every status's range merged, paged across the seams.
+    named = _pages(ledger, 4, workflow_name=other.workflow_name)
+    assert [r.run_id for r in named] == [f"o{i}" for i in reversed(range(6))]
+    first = everything[-1].workflow_name
+    wf = _pages(ledger, 5, workflow_name=first, status="blocked")
+    assert [r.run_id for r in wf] == [
+        r.run_id for r in everything if r.status == "blocked" and r.workflow_name == first
+    ]
+    assert len(wf) == 10
+    assert ledger.list_runs(workflow_name="nobody") == []
+    # [updated_after, updated_before): by the runs' own times.
+    times = sorted({r.updated_at for r in everything})
+    since, until = times[5], times[20]
+    window = _pages(ledger, 6, updated_after=since, updated_before=until)
+    assert [r.run_id for r in window] == [
+        r.run_id for r in everything if since <= r.updated_at < until
+    ]
+    for bad in (
+        {"updated_after": since.replace(tzinfo=None)},
+        {"updated_before": "2026-01-01"},
+        {"updated_after": until, "updated_before": since},
+    ):
+        with pytest.raises(fp.InvalidArgument) as info:
+            ledger.list_runs(**bad)  # type: ignore[arg-type]
+        assert info.value.argument in ("updated_after", "updated_before")
+    # Totals: every status, in lifecycle order, each counted up to count_max.
+    counts = ledger.run_counts()
+    assert list(counts) == list(typing.get_args(fp.RunStatus))
+    assert counts["blocked"] == 10
+    assert sum(counts.values()) == 36
+    capped = ledger.run_counts(count_max=3)
+    assert capped["blocked"] == 3
+    assert capped["queued"] == 0
+    with pytest.raises(fp.InvalidArgument) as info:
+        ledger.run_counts(count_max=-1)
+    assert info.value.argument == "count_max"
 
 
 def test_a_run_changed_between_pages_moves_up_and_the_cursor_holds(

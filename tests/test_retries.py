@@ -456,7 +456,7 @@ def test_a_ledger_from_before_retries_migrates_and_exhausts(target: str, clock: 
             db.execute(UNDO_0009)
         db.execute("DELETE FROM schema_migrations WHERE version >= 9")
     with fp.Ledger.open(target, clock=clock) as ledger:
-        assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 12
+        assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 13
         u = ledger.unit("old", "u")
         assert u is not None
         assert (u.status, u.retry_at, u.attempts) == ("failed", None, 1)

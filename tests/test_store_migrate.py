@@ -80,7 +80,7 @@ def test_a_schema_6_ledger_with_events_migrates_and_continues_its_seq(
         db.execute("DROP TABLE event_seq_floor")
         db.execute("DELETE FROM schema_migrations WHERE version >= 7")
     with fp.Ledger.open(str(path), clock=clock) as ledger:
-        assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 12
+        assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 13
         ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="new", force=True)
         assert [e.seq for e in ledger.events(after_seq=newest)] == [newest + 1]
         # The old run's tree goes, though it held the newest event; numbering goes on above.
@@ -90,13 +90,14 @@ def test_a_schema_6_ledger_with_events_migrates_and_continues_its_seq(
         assert ledger.prune(older_than=dt.timedelta(0)).runs == 2
         ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], run_id="next", force=True)
         assert [e.seq for e in ledger.events()] == [newest + 1]
-    assert applied_migrations(path)[-6:] == [
+    assert applied_migrations(path)[-7:] == [
         (7, "seq_floor"),
         (8, "schedule"),
         (9, "retry"),
         (10, "fan_in"),
         (11, "messages"),
         (12, "schedules"),
+        (13, "views"),
     ]
     with raw_db(path) as db, pytest.raises(sqlite3.IntegrityError, match="only rises"):
         db.execute("UPDATE event_seq_floor SET seq = 0")
@@ -174,6 +175,7 @@ def test_open_creates_the_schema_and_records_the_migration() -> None:
                 (10, "fan_in"),
                 (11, "messages"),
                 (12, "schedules"),
+                (13, "views"),
             ]
             tables = {
                 r[0]
@@ -211,8 +213,12 @@ DROP INDEX runs_prune, runs_definition_ref, runs_params_ref, runs_input_ref,
 # What 0008_schedule added, taken away again: the trigger (each dialect its own way), then the
 # same statements on both backends.
 # What 0010_fan_in added, taken away again.
-# What 0011_messages and 0012_schedules added, taken away again.
-UNDO_0011 = "DROP TABLE schedules; DROP TABLE messages;"
+# What 0011_messages, 0012_schedules and 0013_views added, taken away again (runs_id_bytes is
+# PostgreSQL's only).
+UNDO_0011 = (
+    "DROP INDEX units_by_status; DROP INDEX runs_name_status_recent;"
+    " DROP INDEX IF EXISTS runs_id_bytes; DROP TABLE schedules; DROP TABLE messages;"
+)
 UNDO_0010_SQLITE = UNDO_0011 + "DROP TRIGGER runs_children_settled; DROP INDEX runs_live_children;"
 UNDO_0010 = (
     UNDO_0011
@@ -311,7 +317,7 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
             conn.execute(UNDO_0004)
             conn.execute(UNDO_0003)
         with fp.Ledger.open(url) as ledger:
-            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 12
+            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 13
             assert ledger.finish_attempt(
                 "old", "u1", res.attempt, res.dispatch_id, status="completed"
             )
@@ -333,6 +339,7 @@ def test_a_first_release_schema_migrates_forward_with_its_rows() -> None:
                 (10, "fan_in"),
                 (11, "messages"),
                 (12, "schedules"),
+                (13, "views"),
             ]
             options = dict(
                 conn.execute(
@@ -357,11 +364,11 @@ def test_a_sequence_behind_its_events_is_raised_by_the_migration() -> None:
             conn.execute(UNDO_0008)
             conn.execute("DELETE FROM schema_migrations WHERE version >= 7")
         with fp.Ledger.open(url) as ledger:
-            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 12
+            assert ledger.pragmas()["schema_version"] == fp.SCHEMA_VERSION == 13
             assert ledger.abandon_run("r")
             assert [e.seq for e in ledger.events(after_seq=newest)] == [newest + 1]
         with pg_connect(url) as conn:
-            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (12,)
+            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (13,)
 
 
 def test_reopen_is_a_no_op_and_the_schema_keyword_equals_the_url() -> None:

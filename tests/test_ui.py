@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 import fencepost as fp
+from fencepost import _core
 from fencepost.ui import api, server
 from tests.conftest import STEPS, FakeClock, cli, counts, queued, started
 from tests.test_cron_schedules import TEMPLATE
@@ -127,6 +128,73 @@ def test_runs_filters_and_paging(filled: fp.Ledger, target: str, clock: FakeCloc
         assert not set(ids) & {r["run_id"] for r in first["runs"]}
         assert ids == [r["run_id"] for r in page["runs"]][4:]
         assert request(srv, "/api/runs?scope=a&scope=b").status == 400
+
+
+def test_runs_by_name_time_range_totals_and_id_search(
+    filled: fp.Ledger, target: str, clock: FakeClock
+) -> None:
+    for i in range(6):
+        clock.advance(1000)
+        filled.start_run(f"wf/{'ab'[i % 2]}", scope_key=None, steps=STEPS, run_id=f"run-{i}",
+                         force=True)  # fmt: skip
+    filled.abandon_run("run-2")
+    times = {r.run_id: r.updated_at for r in filled.list_runs()}
+    name = filled.get_run("run-1").workflow_name  # type: ignore[union-attr]
+    with served(target, clock=clock) as srv:
+        page = get_json(srv, "/api/runs")
+        # Totals: every status, counted up to count_max.
+        assert page["count_max"] == api.RUN_COUNT_MAX
+        assert list(page["totals"]) == list(_core.RUN_STATUSES)
+        assert page["totals"]["active"] == 5
+        assert page["totals"]["cancelled"] == 1
+        assert sum(page["totals"].values()) == 6
+        # By workflow name, and by name and status.
+        named = get_json(srv, "/api/runs", name=name)
+        assert [r["run_id"] for r in named["runs"]] == ["run-5", "run-3", "run-1"]
+        assert get_json(srv, "/api/runs", name=name, status="cancelled")["runs"] == []
+        # A time range: updated in [run-1's time, run-4's time).
+        since = times["run-1"].isoformat()
+        until = times["run-4"].isoformat()
+        window = get_json(srv, "/api/runs", updated_after=since, updated_before=until)
+        assert [r["run_id"] for r in window["runs"]] == ["run-3", "run-1"]
+        assert request(srv, "/api/runs?updated_after=yesterday").status == 400
+        naive = request(srv, "/api/runs?updated_after=2026-01-01T00:00:00")
+        assert naive.status == 400
+        assert "offset" in naive.json()["error"]
+        backwards = request(srv, f"/api/runs?updated_after={until}&updated_before={since}")
+        assert backwards.status == 400
+        # Find by id: one match opens it, several are listed, none is empty.
+        assert get_json(srv, "/api/find", prefix="run-4") == {"run_id": "run-4", "matches": []}
+        several = get_json(srv, "/api/find", prefix="run-")
+        assert several["run_id"] is None
+        assert several["matches"] == [f"run-{i}" for i in range(6)]
+        assert get_json(srv, "/api/find", prefix="nope") == {"run_id": None, "matches": []}
+        assert request(srv, "/api/find").status == 400
+
+
+def test_one_units_page_shows_every_failure_in_full(
+    filled: fp.Ledger, target: str, clock: FakeClock
+) -> None:
+    run = filled.start_run("wf", scope_key=None, steps=STEPS, run_id="flaky", force=True)
+    long_reason = "x" * 5000
+    for i in range(3):
+        r = filled.reserve_attempt(run.run_id, "u1", step_id="build")
+        filled.finish_attempt(run.run_id, "u1", r.attempt, r.dispatch_id, status="failed",
+                              failure_reason=f"try {i}: " + long_reason)  # fmt: skip
+    with served(target, clock=clock) as srv:
+        unit = get_json(srv, "/api/unit", run="flaky", unit="u1")
+        assert unit["status"] == "failed"
+        assert unit["attempts"] == 3
+        assert [a["attempt"] for a in unit["history"]] == [1, 2, 3]
+        # Reasons are not cut short here, unlike a page of units.
+        assert unit["history"][0]["failure_reason"] == "try 0: " + long_reason
+        assert unit["failure_reason"] == "try 2: " + long_reason
+        assert request(srv, "/api/unit?run=flaky&unit=nope").status == 404
+        assert request(srv, "/api/unit?run=flaky").status == 400
+        # A failed unit among the run's units is read by the status's own index: no window.
+        failed = get_json(srv, "/api/units", run="flaky", status="failed")
+        assert [u["unit_id"] for u in failed["units"]] == ["u1"]
+        assert failed["scanned"] is None
 
 
 # ------------------------------------------------------------------ one run and the fence
@@ -253,22 +321,28 @@ def test_run_totals_follow_the_runs_revision(
 def test_a_status_filter_looks_through_a_bounded_window(
     filled: fp.Ledger, target: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Filtered by status, a view reads the next SCANNED units in order and keeps the
-    matches; paging on from where it stopped finds the rest, each match once."""
+    """Filtered by a status no index holds (running, completed), a view reads the next
+    SCANNED units in order and keeps the matches; paging on from where it stopped finds the
+    rest, each match once. Any other status is its index's page."""
     monkeypatch.setattr(api, "SCANNED", 10)
     run = filled.start_run("wf", scope_key=None, steps=STEPS, force=True)
     got = filled.reserve_attempts(
         run.run_id, [{"unit_id": f"u{i:02d}", "step_id": "build"} for i in range(24)]
     )
-    failed = {"u03", "u04", "u05", "u21"}
+    completed = {"u03", "u04", "u05", "u21"}
     for r in got:
-        status = "failed" if r.unit_id in failed else "completed"
+        status = "completed" if r.unit_id in completed else "failed"
         filled.finish_attempt(run.run_id, r.unit_id, r.attempt, r.dispatch_id, status=status)
     with served(target, clock=clock) as srv:
+        failed = get_json(srv, "/api/units", run=run.run_id, status="failed", limit=200)
+        assert [u["unit_id"] for u in failed["units"]] == sorted(
+            r.unit_id for r in got if r.unit_id not in completed
+        )
+        assert failed["scanned"] is None
         pages = []
         after = ""
         while True:
-            page = get_json(srv, "/api/units", run=run.run_id, status="failed", limit=2,
+            page = get_json(srv, "/api/units", run=run.run_id, status="completed", limit=2,
                             after=after)  # fmt: skip
             pages.append(([u["unit_id"] for u in page["units"]], page["scanned"], page["next"]))
             if page["next"] is None:
@@ -1177,7 +1251,10 @@ class _Counting:
 
 PAGES = [
     "/api/meta", "/api/runs", "/api/run?id=big", "/api/run/totals?run=big&part=units",
-    "/api/units?run=big", "/api/units?run=big&status=failed", "/api/leases", "/api/queue",
+    "/api/runs?name=wf&updated_after=2000-01-01T00:00:00Z&status=failed",
+    "/api/find?prefix=b", "/api/unit?run=big&unit=u00000",
+    "/api/units?run=big", "/api/units?run=big&status=failed",
+    "/api/units?run=big&status=completed", "/api/leases", "/api/queue",
     "/api/queue?lane=later", "/api/retries", "/api/retries?kind=exhausted", "/api/schedules",
     "/api/events", "/api/events?run=big&after=0", "/api/throughput", "/api/doctor",
 ]  # fmt: skip

@@ -315,6 +315,49 @@ def test_runs_then_the_taken_over_run(page: Page, demo_ledger: Demo) -> None:
     page.no_errors_logged()
 
 
+def test_runs_totals_find_by_id_and_one_unit(page: Page, demo_ledger: Demo) -> None:
+    with fp.Ledger.open(demo_ledger.db) as ledger:
+        counts = ledger.run_counts()
+        first_unit = ledger.units(demo_ledger.taken_shard, limit=1)[0]
+    page.open("runs")
+    cards = page.all("#run-totals .card")
+    totals = {
+        c.get_attribute("data-k"): c.find_element(page.by.CSS_SELECTOR, ".card-value").text
+        for c in cards
+    }
+    assert totals == {status: f"{n:,}" for status, n in counts.items()}
+    # A total is a link to its status's runs.
+    page.css("#run-totals a[data-status=completed]").click()
+    page.until(lambda: "status=completed" in page.driver.current_url, "the status filter")
+    page.ready("runs")
+    statuses = {r.find_elements(page.by.CSS_SELECTOR, "td")[1].text
+                for r in page.all("table.runs tbody tr")}  # fmt: skip
+    assert statuses == {"completed"}
+
+    # Find: no match says so; a whole id opens the run.
+    page.css("#find-run").send_keys("no-such-run-anywhere")
+    page.css("#find-form button").click()
+    page.until(lambda: "No run id starts with" in page.css("#find-result").text, "no match")
+    box = page.css("#find-run")
+    box.clear()
+    box.send_keys(demo_ledger.taken_shard)
+    page.css("#find-form button").click()
+    page.until(lambda: "#/run?" in page.driver.current_url, "the run's page")
+    page.ready("run")
+    assert page.css("#run-id").text == demo_ledger.taken_shard
+
+    # A unit's own page: its attempts, newest first.
+    page.until(lambda: page.all("tr.unit a.unit-link"), "the units")
+    link = next(a for a in page.all("tr.unit a.unit-link") if a.text == first_unit.unit_id)
+    link.click()
+    page.ready("unit")
+    assert page.css("#unit-id").text == first_unit.unit_id
+    attempts = [int(r.get_attribute("data-attempt")) for r in page.all("tr.attempt")]
+    assert attempts == list(reversed(range(1, first_unit.attempts + 1)))
+    page.shot("unit")
+    page.no_errors_logged()
+
+
 def test_a_large_runs_totals_wait_for_a_click(
     page: Page, demo_ledger: Demo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -378,6 +421,23 @@ def test_live_tail_shows_a_new_event(page: Page, demo_ledger: Demo) -> None:
     assert int(row.get_attribute("data-seq")) > seqs[-1]
     page.shot("tail")
     page.no_errors_logged()
+
+
+def test_a_headless_screenshot_of_the_live_tail_finishes(
+    dashboard: DashboardServer, tmp_path: pathlib.Path
+) -> None:
+    """A screenshot tool waits for the page's network to go idle (here, the virtual time budget
+    runs only while no request is open): the tail polls with short requests, so it does, where
+    an open event stream kept it loading until killed."""
+    _require_browser()
+    shot = tmp_path / "tail.png"
+    done = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900",
+         "--virtual-time-budget=5000", f"--screenshot={shot}", dashboard.url + "#/tail"],
+        capture_output=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_throughput_page(page: Page) -> None:

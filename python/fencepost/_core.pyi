@@ -52,6 +52,9 @@ class _RunQuery(TypedDict):
     after_updated_ms: int | None
     after_created_ms: int | None
     after_run_id: str | None
+    workflow_name: str | None
+    updated_after_ms: int | None
+    updated_before_ms: int | None
 
 class _PruneTotals(TypedDict):
     runs: int
@@ -178,6 +181,7 @@ class Ledger:
     def find_scope_occupant(self, scope_key: str) -> Run | None: ...
     def child_runs(self, parent_run_id: str) -> list[Run]: ...
     def child_summary(self, parent_run_id: str) -> list[tuple[str, int]]: ...
+    def run_counts(self, count_max: int) -> list[tuple[str, int]]: ...
     def steps(self, run_id: str) -> list[Step]: ...
     @overload
     def complete_step(

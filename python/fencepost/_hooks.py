@@ -30,7 +30,7 @@ OPERATIONS: Final = (
     "leases", "events", "wait_events", "prune", "restore", "vacuum", "integrity_check",
     "orphan_attempts", "set_concurrency_limit", "concurrency_limits", "pause_workflow",
     "resume_workflow", "paused_workflows", "queued_runs", "queue_overview", "due_units",
-    "exhausted_units", "retry_units", "cancel_units", "child_summary",
+    "exhausted_units", "retry_units", "cancel_units", "child_summary", "run_counts",
     "send", "receive", "messages", "put_schedule", "schedules", "pause_schedule",
     "resume_schedule", "delete_schedule", "tick_schedules", "unit_attempts", "newest_event_seq",
     "event_counts",

@@ -440,6 +440,7 @@ class AsyncLedger:
     find_scope_occupant = _in_thread(Ledger.find_scope_occupant)
     child_runs = _in_thread(Ledger.child_runs)
     child_summary = _in_thread(Ledger.child_summary)
+    run_counts = _in_thread(Ledger.run_counts)
     steps = _in_thread(Ledger.steps)
     complete_step = _queued(Ledger.complete_step)
     block_run = _in_thread(Ledger.block_run)

@@ -517,13 +517,21 @@ class Ledger:
         status: RunStatus | Iterable[RunStatus] | None = None,
         limit: int | None = None,
         after: Run | None = None,
+        workflow_name: str | None = None,
+        updated_after: _dt.datetime | None = None,
+        updated_before: _dt.datetime | None = None,
     ) -> list[Run]:
         """Runs, most recently updated first. ``active_only`` means exactly ``active`` (not
         ``blocked``); ``status`` keeps runs in that status (or any of several); children are
-        left out unless ``include_children``. ``limit`` (1 to 10 000) makes it a page: pass
-        the page's last run as ``after`` for the next one (an empty page is the end). Each
-        page is read by index, so page 1 000 costs what page 1 does."""
+        left out unless ``include_children``; ``workflow_name`` keeps runs of that workflow
+        (any version); ``updated_after`` / ``updated_before`` (aware datetimes) keep runs last
+        updated in ``[updated_after, updated_before)``. ``limit`` (1 to 10 000) makes it a page:
+        pass the page's last run as ``after`` for the next one (an empty page is the end). Each
+        page is read by index (a status, a name, a name with statuses, a time range: each its
+        own index range), so page 1 000 costs what page 1 does."""
         cursor = _after_run(after)
+        lower = None if updated_after is None else to_ms(_aware(updated_after, "updated_after"))
+        upper = None if updated_before is None else to_ms(_aware(updated_before, "updated_before"))
         return self._core.list_runs(
             {
                 "all_scopes": isinstance(scope_key, _AllScopes),
@@ -536,6 +544,9 @@ class Ledger:
                 "after_updated_ms": None if cursor is None else cursor[0],
                 "after_created_ms": None if cursor is None else cursor[1],
                 "after_run_id": None if cursor is None else cursor[2],
+                "workflow_name": workflow_name,
+                "updated_after_ms": lower,
+                "updated_before_ms": upper,
             }
         )
 
@@ -577,6 +588,14 @@ class Ledger:
         by_status = dict(self._core.child_summary(parent_run_id))
         live = sum(n for s, n in by_status.items() if s not in ("completed", "failed", "cancelled"))
         return ChildSummary(total=sum(by_status.values()), by_status=by_status, settled=not live)
+
+    @_hooks.operation
+    def run_counts(self, *, count_max: int = 10_000) -> dict[RunStatus, int]:
+        """Every run (children included) counted by status, every status in lifecycle order (0
+        where none). Each count stops at ``count_max`` (0 to 1 000 000): a count equal to it
+        means at least that many. One read; each status costs a walk of at most ``count_max``
+        entries of its index, however many runs the ledger holds (a dashboard's totals)."""
+        return {cast("RunStatus", s): n for s, n in self._core.run_counts(count_max)}
 
     @_hooks.operation
     def steps(self, run_id: str) -> list[Step]:
@@ -773,7 +792,11 @@ class Ledger:
         """The run's unit projections, in order of first reservation, optionally of one step
         and one status. ``limit`` (1 to 10 000) makes it a page: pass the ``unit_id`` of the
         page's last unit as ``after`` for the next one (an empty page is the end). A unit keeps
-        its place for good, so the cursor holds while the run goes on."""
+        its place for good, so the cursor holds while the run goes on. A status off the usual
+        path (``pending``, ``failed``, ``timed_out``, ``cancelled``, ``exhausted``) is read by an
+        index of its own, so its page costs the same however many of the run's units completed;
+        ``running`` and ``completed`` are checked on the run's units as they are walked in
+        order (an index of them would cost every reserve and finish a write)."""
         return self._core.units(run_id, step_id, status=status, limit=limit, after=after)
 
     @_hooks.operation

@@ -147,8 +147,12 @@ pub fn units(store: &mut dyn Store, f: &UnitFilter) -> Result<Vec<Unit>> {
                 (at, unit_id.clone())
             }
         };
+        let statement = match status {
+            Some(s) if sql::OFF_PATH.contains(&s) => &sql::LIST_UNITS_OF_STATUS_SQL,
+            _ => &sql::LIST_UNITS_SQL,
+        };
         tx.rows(
-            &sql::LIST_UNITS_SQL,
+            statement,
             params![
                 f.run_id,
                 place.0,

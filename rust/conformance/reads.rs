@@ -15,6 +15,7 @@ use crate::store::{sql, Sql, Store};
 conformance!(
     run_pages_are_read_by_index,
     run_pages_follow_the_cursor,
+    run_pages_filter_by_name_and_time,
     unit_pages_are_read_by_index,
     unit_pages_follow_the_cursor,
     live_leases_are_read_by_index,
@@ -25,7 +26,8 @@ conformance!(
     messages_are_read_by_index,
     due_schedules_are_read_by_index,
     a_page_of_units_attempts_is_read_by_index,
-    a_page_of_runs_leases_is_read_by_index
+    a_page_of_runs_leases_is_read_by_index,
+    runs_are_counted_by_index_up_to_a_bound
 );
 
 /// `p0` and 3 000 more runs (see [`many_runs`]).
@@ -39,22 +41,45 @@ fn run_pages_are_read_by_index(store: &mut dyn Store) {
     let refs: Option<String> = None;
     let none: Option<String> = None;
     let cursor = (200_i64, 1400_i64, "m1400");
+    let floor = i64::MIN;
     let all = plan(
         store,
         &sql::LIST_RUNS_SQL,
-        params![1_i64, none, refs, 1_i64, cursor.0, cursor.1, cursor.2, 50_i64],
+        params![1_i64, none, refs, 1_i64, cursor.0, cursor.1, cursor.2, 50_i64, floor],
     );
     assert!(all.contains("runs_recent"), "a page by runs_recent:\n{all}");
     let one = plan(
         store,
         &sql::LIST_RUNS_OF_STATUS_SQL,
-        params![1_i64, none, refs, 0_i64, cursor.0, cursor.1, cursor.2, 50_i64, "failed"],
+        params![1_i64, none, refs, 0_i64, cursor.0, cursor.1, cursor.2, 50_i64, floor, "failed"],
     );
     assert!(
         one.contains("runs_status_recent"),
         "a status's page by runs_status_recent:\n{one}"
     );
-    for p in [&all, &one] {
+    // A time range bounds the same ranges at both ends.
+    let window = plan(
+        store,
+        &sql::LIST_RUNS_SQL,
+        params![1_i64, none, refs, 1_i64, cursor.0, cursor.1, cursor.2, 50_i64, 100_i64],
+    );
+    assert!(
+        window.contains("runs_recent"),
+        "a range of runs_recent:\n{window}"
+    );
+    name_runs(store);
+    let named = plan(
+        store,
+        &sql::LIST_RUNS_OF_NAME_SQL,
+        params![
+            1_i64, none, refs, 1_i64, cursor.0, cursor.1, cursor.2, 50_i64, floor, "active", "rare"
+        ],
+    );
+    assert!(
+        named.contains("runs_name_status_recent"),
+        "a name's page by runs_name_status_recent:\n{named}"
+    );
+    for p in [&all, &one, &window, &named] {
         // No scan of the runs. SQLite walks the index in page order from the cursor, with no
         // sort; PostgreSQL may instead fetch a rare status's few rows by the same index and
         // sort them, which its costs prefer only when they are few.
@@ -67,6 +92,97 @@ fn run_pages_are_read_by_index(store: &mut dyn Store) {
             "the page comes in index order, unsorted:\n{p}"
         );
     }
+}
+
+fn run_pages_filter_by_name_and_time(store: &mut dyn Store) {
+    fill_runs(store);
+    let every = RunFilter {
+        all_scopes: true,
+        include_children: true,
+        ..RunFilter::default()
+    };
+    let everything = runs::list_runs(store, &every).expect("all runs");
+    let ids = |runs: &[crate::model::Run], keep: &dyn Fn(&crate::model::Run) -> bool| {
+        runs.iter()
+            .filter(|r| keep(r))
+            .map(|r| r.run_id.clone())
+            .collect::<Vec<_>>()
+    };
+    // A time range: runs updated in [100, 300), with and without statuses.
+    let window = RunFilter {
+        updated_after: Some(100),
+        updated_before: Some(300),
+        ..every.clone()
+    };
+    let inside = |r: &crate::model::Run| (100..300).contains(&r.updated_at);
+    assert_eq!(all_pages(store, &window, 50), ids(&everything, &inside));
+    let failed_inside = RunFilter {
+        statuses: Some(vec!["failed".into(), "completed".into()]),
+        ..window.clone()
+    };
+    assert_eq!(
+        all_pages(store, &failed_inside, 7),
+        ids(&everything, &|r| inside(r) && r.status != RunStatus::Active)
+    );
+    // A cursor above the range's end starts at the end; below it, at the cursor.
+    let mut from_cursor = window.clone();
+    from_cursor.after = Some(RunCursor {
+        updated_at: 200,
+        created_at: 0,
+        run_id: String::new(),
+    });
+    assert_eq!(
+        all_pages(store, &from_cursor, 50),
+        ids(&everything, &|r| (100..200).contains(&r.updated_at))
+    );
+    // A workflow name, alone (every status's range, merged) and with statuses and a range.
+    name_runs(store);
+    let everything = runs::list_runs(store, &every).expect("all runs, named");
+    let w3 = RunFilter {
+        workflow_name: Some("w3".into()),
+        ..every.clone()
+    };
+    let want = ids(&everything, &|r| r.workflow_name == "w3");
+    assert!(want.len() > 500, "{}", want.len());
+    assert_eq!(all_pages(store, &w3, 61), want);
+    let rare = RunFilter {
+        workflow_name: Some("rare".into()),
+        ..every.clone()
+    };
+    assert_eq!(
+        all_pages(store, &rare, 9),
+        ids(&everything, &|r| r.workflow_name == "rare")
+    );
+    let w3_ended = RunFilter {
+        statuses: Some(vec!["completed".into(), "failed".into()]),
+        updated_after: Some(50),
+        ..w3.clone()
+    };
+    assert_eq!(
+        all_pages(store, &w3_ended, 3),
+        ids(&everything, &|r| r.workflow_name == "w3"
+            && r.status != RunStatus::Active
+            && r.updated_at >= 50)
+    );
+    let nobody = RunFilter {
+        workflow_name: Some("nobody".into()),
+        ..every.clone()
+    };
+    assert!(runs::list_runs(store, &nobody).expect("none").is_empty());
+}
+
+/// Gives the runs of [`many_runs`] workflow names by creation: one in 50 is `rare`, the rest
+/// `w0` to `w3`; then `ANALYZE`.
+fn name_runs(store: &mut dyn Store) {
+    let names = Sql::same(
+        "UPDATE runs SET workflow_name = CASE WHEN created_at % 50 = 0 THEN 'rare'
+            ELSE 'w' || CAST(created_at % 4 AS TEXT) END
+        WHERE run_id <> 'p0'",
+    );
+    store
+        .write("naming runs", |tx| tx.exec(&names, params![]).map(|_| ()))
+        .expect("name runs");
+    analyze(store);
 }
 
 /// Every page of `filter`, following the cursor, concatenated.
@@ -168,9 +284,17 @@ fn run_pages_follow_the_cursor(store: &mut dyn Store) {
         (
             RunFilter {
                 limit: Some(10_001),
-                ..every
+                ..every.clone()
             },
             "limit",
+        ),
+        (
+            RunFilter {
+                updated_after: Some(300),
+                updated_before: Some(300),
+                ..every
+            },
+            "updated_before",
         ),
     ] {
         match runs::list_runs(store, &filter) {
@@ -218,8 +342,35 @@ fn unit_pages_are_read_by_index(store: &mut dyn Store) {
         !page.contains("TEMP B-TREE"),
         "the page comes in index order, unsorted:\n{page}"
     );
+    // A status off the usual path is a range of its own index. Running and completed units
+    // are not indexed by status (every reserve and finish would write that index): a page of
+    // them walks the run's units in order, checking each, as `page` does above.
+    let failed = plan(
+        store,
+        &sql::LIST_UNITS_OF_STATUS_SQL,
+        params!["u3", 40_i64, "x963", none, "failed", 100_i64],
+    );
+    assert!(
+        failed.contains("units_by_status"),
+        "a run's failed units by units_by_status:\n{failed}"
+    );
+    // SQLite walks it in page order; PostgreSQL may fetch a few rows by it and sort them,
+    // which its costs prefer only when they are few.
+    assert!(
+        !failed.contains("TEMP B-TREE"),
+        "the page comes in index order, unsorted:\n{failed}"
+    );
+    let mut statuses: Vec<_> = sql::OFF_PATH.to_vec();
+    statuses.extend([UnitStatus::Running, UnitStatus::Completed]);
+    statuses.sort_by_key(|s| s.as_str());
+    let mut all = UnitStatus::ALL.to_vec();
+    all.sort_by_key(|s| s.as_str());
+    assert_eq!(
+        statuses, all,
+        "OFF_PATH is every status but running and completed"
+    );
     let counts = plan(store, &sql::UNIT_COUNTS_SQL, params!["u3"]);
-    for p in [&page, &counts] {
+    for p in [&page, &counts, &failed] {
         assert!(
             !p.contains("SCAN units") && !p.contains("Seq Scan on units"),
             "only the run's own units are read:\n{p}"
@@ -865,4 +1016,43 @@ fn a_page_of_runs_leases_is_read_by_index(store: &mut dyn Store) {
     );
     let got = crate::leases::run_leases(store, &page).expect("leases");
     assert_eq!(got.len(), 50);
+}
+
+fn runs_are_counted_by_index_up_to_a_bound(store: &mut dyn Store) {
+    fill_runs(store);
+    for status in ["completed", "failed"] {
+        let counted = plan(store, &sql::RUN_COUNT_SQL, params![status, 100_i64]);
+        assert!(
+            counted.contains("runs_status_recent"),
+            "a status's runs counted by runs_status_recent:\n{counted}"
+        );
+        assert!(
+            !counted.contains("SCAN runs") && !counted.contains("Seq Scan on runs"),
+            "no scan of the runs:\n{counted}"
+        );
+    }
+    let exact = runs::run_counts(store, 1_000_000).expect("counts");
+    assert_eq!(
+        exact.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        RunStatus::ALL.to_vec(),
+        "every status, in lifecycle order"
+    );
+    let of = |counts: &[(RunStatus, i64)], status| {
+        counts.iter().find(|(s, _)| *s == status).map(|(_, n)| *n)
+    };
+    // many_runs: 30 failed, 270 completed, 2 700 active, and p0 active.
+    assert_eq!(of(&exact, RunStatus::Failed), Some(30));
+    assert_eq!(of(&exact, RunStatus::Completed), Some(270));
+    assert_eq!(of(&exact, RunStatus::Active), Some(2701));
+    assert_eq!(of(&exact, RunStatus::Queued), Some(0));
+    let capped = runs::run_counts(store, 100).expect("capped");
+    assert_eq!(of(&capped, RunStatus::Failed), Some(30));
+    assert_eq!(of(&capped, RunStatus::Completed), Some(100));
+    assert_eq!(of(&capped, RunStatus::Active), Some(100));
+    for bad in [-1, 1_000_001] {
+        match runs::run_counts(store, bad) {
+            Err(LedgerError::InvalidArgument { argument, .. }) => assert_eq!(argument, "count_max"),
+            other => panic!("expected InvalidArgument(count_max), got {other:?}"),
+        }
+    }
 }

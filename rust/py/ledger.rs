@@ -302,6 +302,17 @@ impl PyLedger {
         records::runs(py, runs)
     }
 
+    /// `(status, count)` pairs of every run, in lifecycle order, each up to `count_max`.
+    fn run_counts(
+        &self,
+        py: Python<'_>,
+        count_max: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<(&'static str, i64)>> {
+        let count_max = int(count_max, "count_max")?;
+        let counts = self.run(py, move |s, _| runs::run_counts(s, count_max))?;
+        Ok(counts.into_iter().map(|(s, n)| (s.as_str(), n)).collect())
+    }
+
     /// `(status, count)` pairs of the parent's children, in lifecycle order.
     fn child_summary(
         &self,

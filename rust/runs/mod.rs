@@ -19,6 +19,6 @@ pub use progress::{
 pub(crate) use progress::{complete_step_in, fenced_state, set_status_in};
 pub use read::{
     child_runs, child_summary, find_active_run, find_scope_occupant, get_run, list_runs,
-    resolve_run_id, steps, RunCursor, RunFilter,
+    resolve_run_id, run_counts, steps, RunCursor, RunFilter,
 };
 pub(crate) use read::{must_read_run, run_from_row};

@@ -125,6 +125,12 @@ pub struct RunFilter {
     pub limit: Option<i64>,
     /// Continue after this run: the last run of the page before.
     pub after: Option<RunCursor>,
+    /// Only runs of this workflow name.
+    pub workflow_name: Option<String>,
+    /// Only runs last updated at or after this time (ms).
+    pub updated_after: Option<i64>,
+    /// Only runs last updated before this time (ms).
+    pub updated_before: Option<i64>,
 }
 
 /// A place in `list_runs`' order: the `updated_at`, `created_at` and `run_id` of the last run
@@ -174,18 +180,40 @@ pub fn list_runs(store: &mut dyn Store, f: &RunFilter) -> Result<Vec<Run>> {
         s.sort_by_key(|s| s.as_str());
         s.dedup();
     }
+    if let (Some(after), Some(before)) = (f.updated_after, f.updated_before) {
+        if after >= before {
+            return Err(LedgerError::invalid(
+                "updated_before",
+                "must be later than updated_after; give a time range that holds a moment",
+            ));
+        }
+    }
     let refs = f.workflow_refs.as_deref().map(json_array);
-    let (updated, created, after_id) = f.after.as_ref().map_or((i64::MAX, i64::MAX, ""), |c| {
+    let mut start = f.after.as_ref().map_or((i64::MAX, i64::MAX, ""), |c| {
         (c.updated_at, c.created_at, c.run_id.as_str())
     });
+    // `updated_before` is a place in the page order too: above every run updated at that time,
+    // so the walk starts below it; the lower of it and the cursor is where the page starts.
+    if let Some(before) = f.updated_before {
+        start = start.min((before, i64::MIN, ""));
+    }
+    let (updated, created, after_id) = start;
+    let floor = f.updated_after.unwrap_or(i64::MIN);
     let limit = f.limit.unwrap_or(i64::MAX);
+    // A workflow name without statuses asks for every status: one range of
+    // `runs_name_status_recent` each.
+    if f.workflow_name.is_some() && statuses.is_none() {
+        statuses = Some(RunStatus::ALL.to_vec());
+    }
     store.read("listing runs", |tx| {
         let scope = (i64::from(f.all_scopes), &f.scope_key, &refs);
         let children = i64::from(f.include_children);
         let Some(statuses) = &statuses else {
             return tx.rows(
                 &sql::LIST_RUNS_SQL,
-                params![scope.0, scope.1, scope.2, children, updated, created, after_id, limit],
+                params![
+                    scope.0, scope.1, scope.2, children, updated, created, after_id, limit, floor
+                ],
                 run_from_row,
             );
         };
@@ -193,17 +221,55 @@ pub fn list_runs(store: &mut dyn Store, f: &RunFilter) -> Result<Vec<Run>> {
         // page is the newest `limit` of their union.
         let mut runs = Vec::new();
         for status in statuses {
-            runs.extend(tx.rows(
-                &sql::LIST_RUNS_OF_STATUS_SQL,
-                params![
-                    scope.0, scope.1, scope.2, children, updated, created, after_id, limit, status
-                ],
-                run_from_row,
-            )?);
+            runs.extend(match &f.workflow_name {
+                None => tx.rows(
+                    &sql::LIST_RUNS_OF_STATUS_SQL,
+                    params![
+                        scope.0, scope.1, scope.2, children, updated, created, after_id, limit,
+                        floor, status
+                    ],
+                    run_from_row,
+                ),
+                Some(name) => tx.rows(
+                    &sql::LIST_RUNS_OF_NAME_SQL,
+                    params![
+                        scope.0, scope.1, scope.2, children, updated, created, after_id, limit,
+                        floor, status, name
+                    ],
+                    run_from_row,
+                ),
+            }?);
         }
         runs.sort_by(|a, b| recency(b).cmp(&recency(a)));
         runs.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         Ok(runs)
+    })
+}
+
+/// The most a `run_counts` count may be asked to reach.
+pub const RUN_COUNT_MAX: i64 = 1_000_000;
+
+/// Every run (children included) counted by status, in lifecycle order, each count stopping at
+/// `count_max` (0 to [`RUN_COUNT_MAX`]): a count equal to it means at least that many. One
+/// read, one bounded index walk per status.
+pub fn run_counts(store: &mut dyn Store, count_max: i64) -> Result<Vec<(RunStatus, i64)>> {
+    if !(0..=RUN_COUNT_MAX).contains(&count_max) {
+        return Err(LedgerError::invalid(
+            "count_max",
+            format!("must be from 0 to {RUN_COUNT_MAX}, not {count_max}"),
+        ));
+    }
+    store.read("counting runs", |tx| {
+        let mut counts = Vec::with_capacity(RunStatus::ALL.len());
+        for status in RunStatus::ALL {
+            let n = tx.row(
+                &sql::RUN_COUNT_SQL,
+                params![status.as_str(), count_max],
+                |r| r.get::<i64>(0),
+            )?;
+            counts.push((*status, n.unwrap_or(0)));
+        }
+        Ok(counts)
     })
 }
 

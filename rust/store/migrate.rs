@@ -62,10 +62,11 @@ migrations! {
     10 "fan_in" "0010_fan_in.sql";
     11 "messages" "0011_messages.sql";
     12 "schedules" "0012_schedules.sql";
+    13 "views" "0013_views.sql";
 }
 
 /// The newest schema version this library knows.
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 13;
 
 /// A backend's part of migrating: what cannot be said in one text for both dialects.
 #[derive(Debug)]

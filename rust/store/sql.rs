@@ -5,6 +5,7 @@
 //! with the number of refs or types and stays cached. A statement only one backend runs lives
 //! in that backend.
 
+use crate::status::UnitStatus;
 use crate::store::Sql;
 
 // ------------------------------------------------------------------ blobs
@@ -189,8 +190,7 @@ pub const RUNNING_ATTEMPTS_SQL: Sql = Sql::same(
 /// Run ids in `[?1, ?2)` in byte order (see `runs::resolve_run_id`). SQLite compares text
 /// bytewise, so the primary key's index serves the range; PostgreSQL compares by the database's
 /// collation, where ids sharing a prefix need not be adjacent (`en_US` ignores `-` at first),
-/// so it compares under `"C"` (bytewise) instead: a scan of `runs`, acceptable for a lookup a
-/// person makes by hand.
+/// so it compares under `"C"` (bytewise) instead, a range of `runs_id_bytes`.
 pub const RESOLVE_RUN_ID_SQL: Sql = Sql::split(
     "SELECT run_id FROM runs WHERE run_id >= ?1 AND run_id < ?2 ORDER BY run_id LIMIT 100",
     "SELECT run_id FROM runs WHERE run_id COLLATE \"C\" >= ?1 AND run_id COLLATE \"C\" < ?2
@@ -205,6 +205,7 @@ macro_rules! run_page {
        AND (?1 = 1 OR r.scope_key IS ?2)
        AND (?3 IS NULL OR r.workflow_ref IN (SELECT value FROM json_each(?3)))
        AND (?4 = 1 OR r.parent_run_id IS NULL)
+       AND r.updated_at >= ?9
      ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id DESC LIMIT ?8"
     };
     (postgres) => {
@@ -214,6 +215,7 @@ macro_rules! run_page {
        AND (CAST(?3 AS TEXT) IS NULL
             OR r.workflow_ref IN (SELECT jsonb_array_elements_text(CAST(?3 AS TEXT)::jsonb)))
        AND (CAST(?4 AS BIGINT) = 1 OR r.parent_run_id IS NULL)
+       AND r.updated_at >= CAST(?9 AS BIGINT)
      ORDER BY r.updated_at DESC, r.created_at DESC, r.run_id COLLATE \"C\" DESC
      LIMIT CAST(?8 AS BIGINT)"
     };
@@ -222,7 +224,8 @@ macro_rules! run_page {
 /// Runs newest first, one page: ?1 all scopes, ?2 the scope (`IS` matches NULL too), ?3 the
 /// refs (NULL = any), ?4 include children, then the cursor, the last run of the page before
 /// (?5 `updated_at`, ?6 `created_at`, ?7 `run_id`; the first page passes a position above
-/// every run) and ?8 the page size. The cursor is a row value compared with the order's own
+/// every run, or `updated_before`'s), ?8 the page size and ?9 the least `updated_at` (the
+/// range's other end, a bound of the same index range). The cursor is a row value compared with the order's own
 /// columns, so the walk starts at the cursor's place in `runs_recent` instead of skipping
 /// every run of the pages before; a catch-all "no cursor" branch would hide that range from
 /// the planner. The filters are checked on the rows walked. PostgreSQL compares run ids
@@ -231,16 +234,47 @@ pub const LIST_RUNS_SQL: Sql = Sql::split(
     concat!(run_select!(), "WHERE ", run_page!(sqlite)),
     concat!(run_select!(), "WHERE ", run_page!(postgres)),
 );
-/// [`LIST_RUNS_SQL`] for runs of one status (?9): a range of `runs_status_recent`, already in
+/// [`LIST_RUNS_SQL`] for runs of one status (?10): a range of `runs_status_recent`, already in
 /// page order, so a status rare among millions of runs is found without walking the others.
 /// Several statuses are one of these each, merged by the caller.
 pub const LIST_RUNS_OF_STATUS_SQL: Sql = Sql::split(
-    concat!(run_select!(), "WHERE r.status = ?9 AND ", run_page!(sqlite)),
     concat!(
         run_select!(),
-        "WHERE r.status = CAST(?9 AS TEXT) AND ",
+        "WHERE r.status = ?10 AND ",
+        run_page!(sqlite)
+    ),
+    concat!(
+        run_select!(),
+        "WHERE r.status = CAST(?10 AS TEXT) AND ",
         run_page!(postgres)
     ),
+);
+/// [`LIST_RUNS_OF_STATUS_SQL`] for runs of one workflow name (?11) too: a range of
+/// `runs_name_status_recent`. A name alone is every status's range, merged by the caller (a
+/// handful of short ranges), so one index serves the name with or without statuses.
+pub const LIST_RUNS_OF_NAME_SQL: Sql = Sql::split(
+    concat!(
+        run_select!(),
+        "WHERE r.workflow_name = ?11 AND r.status = ?10 AND ",
+        run_page!(sqlite)
+    ),
+    concat!(
+        run_select!(),
+        "WHERE r.workflow_name = CAST(?11 AS TEXT) AND r.status = CAST(?10 AS TEXT) AND ",
+        run_page!(postgres)
+    ),
+);
+/// The runs of one status (?1), counted up to ?2: a walk of at most ?2 entries of
+/// `runs_status_recent`'s range for the status, so a total across millions of runs costs what
+/// ?2 does (the ledger keeps no running count, which every run's every move would have to
+/// write under one hot row). The order is the index's own: without it PostgreSQL may count a
+/// common status by scanning the table until ?2 rows match, a walk of every run when they are
+/// at its end.
+pub const RUN_COUNT_SQL: Sql = Sql::split(
+    "SELECT count(*) FROM (SELECT 1 FROM runs WHERE status = ?1
+        ORDER BY updated_at DESC LIMIT ?2)",
+    "SELECT count(*) FROM (SELECT 1 FROM runs WHERE status = CAST(?1 AS TEXT)
+        ORDER BY updated_at DESC LIMIT CAST(?2 AS BIGINT)) AS counted",
 );
 /// ?3 = 0: in this scope; ?3 = 1: in any other scope or none. Two separate questions, so a
 /// same-scope row can never mask another scope's run.
@@ -487,6 +521,36 @@ pub const LIST_UNITS_SQL: Sql = Sql::split(
           > (CAST(?2 AS BIGINT), CAST(?3 AS TEXT) COLLATE \"C\")
       AND (CAST(?4 AS TEXT) IS NULL OR step_id = ?4)
       AND (CAST(?5 AS TEXT) IS NULL OR status = ?5)
+    ORDER BY first_started_at, unit_id COLLATE \"C\" LIMIT CAST(?6 AS BIGINT)",
+);
+/// [`LIST_UNITS_SQL`] for units of one status off the usual path (?5: not `running` or
+/// `completed`, see [`OFF_PATH`]): a range of `units_by_status`, already in page order, so a
+/// status that only the last of half a million units have is found without walking the others.
+/// The index holds only such units, which the literal `NOT IN` tells the planner (a parameter
+/// cannot). Running and completed units keep [`LIST_UNITS_SQL`]: they are most of a run's
+/// units, and an index of them would cost every reserve and finish a write.
+/// The unit statuses `units_by_status` holds.
+pub const OFF_PATH: [UnitStatus; 5] = [
+    UnitStatus::Pending,
+    UnitStatus::Failed,
+    UnitStatus::TimedOut,
+    UnitStatus::Cancelled,
+    UnitStatus::Exhausted,
+];
+pub const LIST_UNITS_OF_STATUS_SQL: Sql = Sql::split(
+    "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder, retry_at FROM units
+    WHERE run_id = ?1 AND status = ?5 AND status NOT IN ('running', 'completed')
+      AND (first_started_at, unit_id) > (?2, ?3)
+      AND (?4 IS NULL OR step_id = ?4)
+    ORDER BY first_started_at, unit_id LIMIT ?6",
+    "SELECT run_id, unit_id, step_id, phase, status, attempts,
+    result, tokens, failure_reason, claim_holder, retry_at FROM units
+    WHERE run_id = CAST(?1 AS TEXT) AND status = CAST(?5 AS TEXT)
+      AND status NOT IN ('running', 'completed')
+      AND (first_started_at, unit_id COLLATE \"C\")
+          > (CAST(?2 AS BIGINT), CAST(?3 AS TEXT) COLLATE \"C\")
+      AND (CAST(?4 AS TEXT) IS NULL OR step_id = ?4)
     ORDER BY first_started_at, unit_id COLLATE \"C\" LIMIT CAST(?6 AS BIGINT)",
 );
 /// Where a unit is in its run's unit order (its `first_started_at`): the cursor of `units`.

@@ -31,6 +31,7 @@ __all__ = [
     "doctor",
     "dumps",
     "events_page",
+    "find_run",
     "flag",
     "head_seq",
     "leases_page",
@@ -43,6 +44,7 @@ __all__ = [
     "run_totals",
     "runs_page",
     "schedules_page",
+    "unit_detail",
     "units_page",
 ]
 
@@ -66,6 +68,10 @@ QUEUE_COUNT_MAX = 10_000
 SCHEDULES_SHOWN = 200
 # JSON documents in lists (results, payloads) and on a run's page (params, outputs, evidence).
 CLIP_LIST = 2_000
+# The runs page's totals: each status's runs counted up to this (a walk of its index).
+RUN_COUNT_MAX = 10_000
+# Attempts shown on one unit's page, its newest.
+UNIT_ATTEMPTS_SHOWN = 100
 CLIP_DETAIL = 64_000
 MINUTE_MS = 60_000
 # A run's page reads its unit counts and accounting (each an aggregate over all of the run's
@@ -285,6 +291,9 @@ def runs_page(ledger: fp.Ledger, query: Query) -> dict[str, Any]:
     workflows = [w for w in query.get("workflow", []) if w]
     scope = one(query, "scope")
     after = _after_run(one(query, "after"))
+    since, until = _time(query, "updated_after"), _time(query, "updated_before")
+    if since is not None and until is not None and since >= until:
+        raise ApiError(400, "updated_before must be later than updated_after")
     # One more than asked says whether another page follows.
     runs = ledger.list_runs(
         scope_key=scope if scope else fp.ALL_SCOPES,
@@ -293,12 +302,75 @@ def runs_page(ledger: fp.Ledger, query: Query) -> dict[str, Any]:
         include_children=flag(query, "children"),
         limit=limit + 1,
         after=after,
+        workflow_name=one(query, "name") or None,
+        updated_after=since,
+        updated_before=until,
     )
     shown = runs[:limit]
     return {
         "runs": [run_summary(r) for r in shown],
         "next": _cursor(shown[-1]) if len(runs) > limit else None,
         "limit": limit,
+        # Every run by status, each count stopping at RUN_COUNT_MAX (a bounded walk each).
+        "totals": ledger.run_counts(count_max=RUN_COUNT_MAX),
+        "count_max": RUN_COUNT_MAX,
+    }
+
+
+def _time(query: Query, name: str) -> dt.datetime | None:
+    """The query's ``name`` as an aware datetime (ISO 8601 with an offset), or a 400."""
+    text = one(query, name)
+    if not text:
+        return None
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ApiError(400, f"{name} must be an ISO 8601 time, not {text!r}") from None
+    if value.utcoffset() is None:
+        raise ApiError(400, f"{name} must say its offset from UTC (end it with Z or +00:00)")
+    return value
+
+
+def find_run(ledger: fp.Ledger, query: Query) -> dict[str, Any]:
+    """The runs whose id starts with ``prefix``: ``run_id`` when exactly one does (or one is
+    the prefix itself), else ``matches`` (the first 100 in byte order; empty for none). One
+    read of an index of run ids."""
+    prefix = _required(query, "prefix")
+    try:
+        return {"run_id": ledger.resolve_run_id(prefix), "matches": []}
+    except fp.errors.AmbiguousRunId as e:
+        return {"run_id": None, "matches": list(e.matches)}
+    except fp.errors.RunNotFound:
+        return {"run_id": None, "matches": []}
+
+
+def unit_detail(ledger: fp.Ledger, query: Query) -> dict[str, Any]:
+    """One unit and its newest :data:`UNIT_ATTEMPTS_SHOWN` attempts, their results and failure
+    reasons cut at :data:`CLIP_DETAIL` (where a page of units cuts them short): the view of
+    one failure. Two reads, each of the unit's own rows."""
+    run_id = _required(query, "run")
+    unit_id = _required(query, "unit")
+    unit = ledger.unit(run_id, unit_id)
+    if unit is None:
+        raise ApiError(404, f"run {run_id!r} has no unit {unit_id!r}")
+    history = ledger.unit_attempts(run_id, [unit_id], latest=UNIT_ATTEMPTS_SHOWN)[unit_id]
+    attempts = []
+    for a in history:
+        record = attempt_record(a)
+        record["result"] = None if a.result is None else clip(a.result, CLIP_DETAIL)
+        attempts.append(record)
+    return {
+        "run_id": run_id,
+        "unit_id": unit.unit_id,
+        "step_id": unit.step_id,
+        "phase": unit.phase,
+        "status": unit.status,
+        "attempts": unit.attempts,
+        "retry_at": iso(unit.retry_at) if unit.retry_at is not None else None,
+        "failure_reason": unit.failure_reason,
+        "result": None if unit.result is None else clip(unit.result, CLIP_DETAIL),
+        "history": attempts,
+        "shown": len(attempts),
     }
 
 
@@ -459,7 +531,9 @@ def run_totals(ledger: fp.Ledger, query: Query, totals: RunTotals) -> dict[str, 
 
 
 SCANNED = 1_000
-"""How many of a run's units one status-filtered view of its units looks through."""
+"""How many of a run's units one view of its running or completed units looks through."""
+INDEXED_UNIT_STATUSES = frozenset(_core.UNIT_STATUSES) - {"running", "completed"}
+"""The unit statuses ``Ledger.units`` reads by an index of their own (see its docstring)."""
 
 
 def units_page(ledger: fp.Ledger, query: Query, totals: RunTotals | None = None) -> dict[str, Any]:
@@ -483,12 +557,18 @@ def units_page(ledger: fp.Ledger, query: Query, totals: RunTotals | None = None)
         units = ledger.units(run_id, step_id=step, limit=limit + 1, after=after)
         shown = units[:limit]
         following = shown[-1].unit_id if len(units) > limit else None
+    elif status in INDEXED_UNIT_STATUSES:
+        units = ledger.units(
+            run_id, step_id=step, status=cast("fp.UnitStatus", status), limit=limit + 1, after=after
+        )
+        shown = units[:limit]
+        following = shown[-1].unit_id if len(units) > limit else None
     else:
-        # A status filter reads the next SCANNED units in order and keeps the matches, rather
-        # than asking the ledger for them: a status that only the last of half a million units
-        # have would make that read walk the whole run (no index orders a run's units by
-        # status, which would cost every reservation and finish a write to keep). Each view
-        # costs one bounded read; the page says how far it looked.
+        # Running and completed units are not indexed by status (every reserve and finish
+        # would write that index): the view reads the next SCANNED units in order and keeps
+        # the matches, rather than asking the ledger for them, which for a status only the
+        # last of half a million units have would walk the whole run. Each view costs one
+        # bounded read; the page says how far it looked.
         window = ledger.units(run_id, step_id=step, limit=SCANNED, after=after)
         matched = [u for u in window if u.status == status]
         scanned = len(window)

@@ -570,6 +570,12 @@ class Handler(BaseHTTPRequestHandler):
     def api_units(self, ledger: fp.Ledger, query: api.Query) -> Any:
         return api.units_page(ledger, query, self.app.totals)
 
+    def api_find(self, ledger: fp.Ledger, query: api.Query) -> Any:
+        return api.find_run(ledger, query)
+
+    def api_unit(self, ledger: fp.Ledger, query: api.Query) -> Any:
+        return api.unit_detail(ledger, query)
+
     def api_leases(self, ledger: fp.Ledger, query: api.Query) -> Any:
         return api.leases_page(ledger, query, self.app.now_ms())
 
@@ -599,6 +605,8 @@ ROUTES: dict[str, Callable[[Handler, fp.Ledger, api.Query], Any]] = {
     "/api/run": Handler.api_run,
     "/api/run/totals": Handler.api_run_totals,
     "/api/units": Handler.api_units,
+    "/api/unit": Handler.api_unit,
+    "/api/find": Handler.api_find,
     "/api/leases": Handler.api_leases,
     "/api/queue": Handler.api_queue,
     "/api/retries": Handler.api_retries,

@@ -63,6 +63,9 @@ static LIST_RUNS_KEYS: Keys = Keys::new(&[
     "after_updated_ms",
     "after_created_ms",
     "after_run_id",
+    "workflow_name",
+    "updated_after_ms",
+    "updated_before_ms",
 ]);
 
 /// `list_runs`' keywords as the core's filter.
@@ -85,6 +88,9 @@ pub fn run_filter(d: &Bound<'_, PyDict>) -> PyResult<RunFilter> {
         statuses: str_list(f.get("statuses"), "status")?,
         limit: opt_int(f.get("limit"), "limit")?,
         after,
+        workflow_name: opt_text(f.get("workflow_name"), "workflow_name")?,
+        updated_after: opt_int(f.get("updated_after_ms"), "updated_after")?,
+        updated_before: opt_int(f.get("updated_before_ms"), "updated_before")?,
     })
 }
 

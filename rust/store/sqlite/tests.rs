@@ -211,7 +211,8 @@ fn an_older_database_migrates_forward_and_keeps_its_rows() {
             (9, "retry".into(), 9),
             (10, "fan_in".into(), 9),
             (11, "messages".into(), 9),
-            (12, "schedules".into(), 9)
+            (12, "schedules".into(), 9),
+            (13, "views".into(), 9)
         ]
     );
     let kept: String = store

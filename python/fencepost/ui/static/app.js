@@ -74,6 +74,10 @@
     return h("a", { class: "id", href: route("run", { id: runId }), title: runId }, text || runId);
   }
 
+  function unitLink(runId, unitId) {
+    return h("a", { class: "id unit-link", href: route("unit", { run: runId, unit: unitId }), title: unitId }, unitId);
+  }
+
   function pill(status, extra) {
     return h("span", { class: "pill s-" + String(status).replace(/[^a-z_]/g, "") }, status, extra);
   }
@@ -249,6 +253,20 @@
 
   // ---------------------------------------------------------------- runs
 
+  // A datetime-local input's value (local wall time) for an ISO time, and back to UTC ISO.
+  function localInput(isoTime) {
+    if (!isoTime) return "";
+    const d = new Date(isoTime);
+    if (isNaN(d.getTime())) return "";
+    return new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 16);
+  }
+
+  function utcParam(local) {
+    if (!local) return null;
+    const d = new Date(local);
+    return isNaN(d.getTime()) ? null : d.toISOString();
+  }
+
   pages.runs = async function (view, params, live) {
     const statuses = params.getAll("status");
     const scope = params.get("scope") || "";
@@ -256,6 +274,9 @@
     const children = params.get("children") === "1";
     const limit = params.get("limit") || "50";
     const after = params.get("after") || "";
+    const name = params.get("name") || "";
+    const since = params.get("updated_after") || "";
+    const until = params.get("updated_before") || "";
 
     const statusSel = h(
       "select",
@@ -266,6 +287,9 @@
     statusSel.value = statuses[0] || "";
     const scopeIn = h("input", { name: "scope", placeholder: "scope key", value: scope });
     const wfIn = h("input", { name: "workflow", placeholder: "workflow ref", value: workflow });
+    const nameIn = h("input", { name: "name", placeholder: "workflow name", value: name });
+    const sinceIn = h("input", { type: "datetime-local", name: "updated_after", "aria-label": "updated from", title: "updated at or after", value: localInput(since) });
+    const untilIn = h("input", { type: "datetime-local", name: "updated_before", "aria-label": "updated before", title: "updated before", value: localInput(until) });
     const childIn = h("input", { type: "checkbox", name: "children", checked: children });
     const limitSel = h(
       "select",
@@ -279,6 +303,9 @@
         status: statusSel.value || null,
         scope: scopeIn.value.trim(),
         workflow: wfIn.value.trim(),
+        name: nameIn.value.trim(),
+        updated_after: utcParam(sinceIn.value),
+        updated_before: utcParam(untilIn.value),
         children: childIn.checked ? "1" : null,
         limit: limitSel.value === "50" ? null : limitSel.value,
       });
@@ -290,19 +317,51 @@
       "form",
       { class: "filters", onsubmit: apply },
       statusSel,
+      nameIn,
       scopeIn,
       wfIn,
+      sinceIn,
+      untilIn,
       h("label", { class: "check" }, childIn, " child runs"),
       limitSel,
       h("button", { type: "submit" }, "Filter"),
-      statuses.length || scope || workflow || children
+      statuses.length || scope || workflow || children || name || since || until
         ? h("a", { href: route("runs"), class: "reset" }, "clear filters")
         : null
     );
-    view.appendChild(h("div", { class: "head" }, h("h1", null, "Runs"), form));
+    // A run id or its first characters: one run opens its page, several are listed.
+    const findIn = h("input", { name: "prefix", id: "find-run", placeholder: "run id or prefix", "aria-label": "find a run by id" });
+    const found = h("div", { id: "find-result" });
+    const find = async (e) => {
+      e.preventDefault();
+      const prefix = findIn.value.trim();
+      if (!prefix) return;
+      const hit = await api("find", { prefix });
+      if (!live()) return;
+      if (hit.run_id) return go("run", { id: hit.run_id });
+      clear(found);
+      found.appendChild(
+        hit.matches.length
+          ? h("p", { class: "muted" }, hit.matches.length + (hit.matches.length >= 100 ? "+" : "") + " runs start with ", h("code", null, prefix), ": ", hit.matches.map((m, i) => [i ? ", " : "", runLink(m)]))
+          : h("p", { class: "muted" }, "No run id starts with ", h("code", null, prefix), ".")
+      );
+    };
+    const finder = h("form", { class: "filters", id: "find-form", onsubmit: (e) => find(e).catch((err) => live() && showError(err.message)) }, findIn, h("button", { type: "submit" }, "Find"));
+    view.appendChild(h("div", { class: "head" }, h("h1", null, "Runs"), finder, form));
+    view.appendChild(found);
 
-    const data = await api("runs", { status: statuses, scope, workflow, children: children ? "1" : "", limit, after });
+    const data = await api("runs", { status: statuses, scope, workflow, name, updated_after: since, updated_before: until, children: children ? "1" : "", limit, after });
     if (!live()) return;
+    // Every run by status (children included), each counted up to count_max: a card filters.
+    view.appendChild(
+      h(
+        "div",
+        { class: "cards small", id: "run-totals" },
+        Object.entries(data.totals).map(([s, n]) =>
+          h("a", { class: "card-link", href: route("runs", { status: s }), data: { status: s } }, card(s, atLeast(n, data.count_max), { data: { k: s } }))
+        )
+      )
+    );
     const rows = data.runs.map((r) =>
       h(
         "tr",
@@ -327,7 +386,7 @@
         })
       )
     );
-    const base = { status: statuses, scope, workflow, children: children ? "1" : null, limit: limit === "50" ? null : limit };
+    const base = { status: statuses, scope, workflow, name, updated_after: since, updated_before: until, children: children ? "1" : null, limit: limit === "50" ? null : limit };
     view.appendChild(
       h(
         "div",
@@ -597,7 +656,7 @@
         h(
           "tr",
           { class: "unit", data: { unit: u.unit_id } },
-          h("td", { class: "id" }, u.unit_id),
+          h("td", { class: "id" }, unitLink(run.run_id, u.unit_id)),
           h("td", null, dash(u.step_id)),
           h("td", null, pill(u.status)),
           h("td", null, toggle),
@@ -625,6 +684,58 @@
       )
     );
   }
+
+  // ---------------------------------------------------------------- one unit
+
+  // One unit's failures in full: every attempt's failure reason and result, the newest 100.
+  pages.unit = async function (view, params, live) {
+    const runId = params.get("run") || "";
+    const unitId = params.get("unit") || "";
+    const u = await api("unit", { run: runId, unit: unitId });
+    if (!live()) return;
+    view.appendChild(
+      h(
+        "div",
+        { class: "head" },
+        h("h1", null, h("span", { class: "crumb" }, h("a", { href: route("runs") }, "Runs"), " / ", runLink(runId), " / "), h("span", { class: "id", id: "unit-id" }, u.unit_id))
+      )
+    );
+    view.appendChild(
+      h(
+        "div",
+        { class: "cards small" },
+        card("status", pill(u.status), { data: { k: "status" } }),
+        card("attempts", num(u.attempts), { data: { k: "attempts" } }),
+        card("step", dash(u.step_id)),
+        card("retry", u.retry_at ? h("span", { title: u.retry_at }, clock(u.retry_at, true)) : dash(null), { data: { k: "retry" } })
+      )
+    );
+    if (u.failure_reason) view.appendChild(section("Last failure", h("div", { class: "unit-failure", id: "unit-failure" }, u.failure_reason)));
+    const rows = u.history
+      .slice()
+      .reverse()
+      .map((a) =>
+        h(
+          "tr",
+          { class: "attempt", data: { attempt: a.attempt, status: a.status } },
+          h("td", { class: "n" }, a.attempt),
+          h("td", null, pill(a.status)),
+          h("td", { class: "id" }, a.dispatch_id),
+          h("td", null, dash(a.holder)),
+          h("td", { class: "n" }, dash(a.lease_generation)),
+          h("td", null, h("time", { datetime: a.started_at, title: a.started_at }, clock(a.started_at, true))),
+          h("td", { class: "n" }, a.duration_ms === null ? dash(null) : num(a.duration_ms) + " ms"),
+          h("td", { class: "unit-failure" }, a.failure_reason ? h("span", { class: "fail" }, a.failure_reason) : dash(a.result))
+        )
+      );
+    view.appendChild(
+      section(
+        "Attempts, newest first",
+        table(["#", "Status", "Dispatch id", "Holder", "Gen", "Started", "Took", "Failure / result"], rows, { class: "unit-attempts", empty: "No attempt yet." }),
+        u.attempts > u.shown ? h("p", { class: "muted" }, "The newest " + u.shown + " of " + num(u.attempts) + " attempts.") : null
+      )
+    );
+  };
 
   // ---------------------------------------------------------------- leases
 
@@ -815,7 +926,7 @@
           "tr",
           { class: "retry-unit", data: { run: u.run_id, unit: u.unit_id } },
           h("td", null, runLink(u.run_id)),
-          h("td", null, h("span", { class: "id" }, u.unit_id)),
+          h("td", null, unitLink(u.run_id, u.unit_id)),
           h("td", null, u.step_id === null ? dash(null) : h("span", { class: "id" }, u.step_id)),
           h("td", null, pill(u.status)),
           h("td", { class: "n" }, num(u.attempts)),
@@ -918,6 +1029,10 @@
 
   // ---------------------------------------------------------------- live tail
 
+  const TAIL_PAGE = 200;
+  const TAIL_POLL_MS = 1000;
+  const TAIL_RETRY_MS = 3000;
+
   pages.tail = async function (view, params, live) {
     const runId = params.get("run") || "";
     const status = h("span", { class: "conn", id: "conn" }, "connecting…");
@@ -989,42 +1104,33 @@
     if (!live()) return;
     backlog.events.forEach((e) => push(e, false));
     box.scrollTop = box.scrollHeight;
-    const q = new URLSearchParams({ after: String(backlog.after) });
-    if (runId) q.set("run", runId);
-    // EventSource resends Last-Event-ID on a reconnect, so the stream resumes where it broke.
-    const source = new EventSource("/api/stream?" + q.toString());
-    source.addEventListener("open", () => {
-      status.textContent = "live";
-      status.className = "conn on";
-    });
-    source.addEventListener("error", () => {
-      // EventSource retries by itself unless the server refused the stream (401, 503...),
-      // when it gives up for good: say which.
-      const closed = source.readyState === EventSource.CLOSED;
-      status.textContent = closed ? "disconnected: reload the page" : "reconnecting…";
-      status.className = "conn off";
-    });
-    source.addEventListener("failure", (msg) => {
-      let why = msg.data;
+    // Polled, not streamed: one short request a second, so between polls the page has no
+    // request open and a headless browser's screenshot or a crawler's load finishes (an open
+    // EventSource never lets the network go idle). A full page is followed at once, so a
+    // burst is read through without waiting. /api/stream stays for clients that want a stream.
+    let after = backlog.after;
+    let timer = null;
+    const poll = async () => {
+      timer = null;
+      let page;
       try {
-        why = JSON.parse(msg.data);
+        page = await api("events", { run: runId, after: String(after), limit: TAIL_PAGE });
       } catch (err) {
-        // shown as sent
-      }
-      status.textContent = "stream failed: " + why;
-      status.className = "conn off";
-      source.close();
-    });
-    source.addEventListener("ledger", (msg) => {
-      let e;
-      try {
-        e = JSON.parse(msg.data);
-      } catch (err) {
+        if (!live()) return;
+        status.textContent = "reconnecting…";
+        status.className = "conn off";
+        timer = setTimeout(poll, TAIL_RETRY_MS);
         return;
       }
-      push(e, true);
-    });
-    teardown.push(() => source.close());
+      if (!live()) return;
+      status.textContent = "live";
+      status.className = "conn on";
+      page.events.forEach((e) => push(e, true));
+      after = page.after;
+      timer = setTimeout(poll, page.events.length >= TAIL_PAGE ? 0 : TAIL_POLL_MS);
+    };
+    await poll();
+    teardown.push(() => timer !== null && clearTimeout(timer));
   };
 
   // ---------------------------------------------------------------- throughput

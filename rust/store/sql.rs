@@ -130,14 +130,21 @@ pub const LIST_RUN_EVENTS_SQL: Sql = Sql::split(
 /// The columns of a `Run`, with params and outputs joined from their blobs.
 macro_rules! run_select {
     () => {
-        "SELECT r.run_id, r.workflow_ref, r.workflow_name, r.scope_key, r.status,
+        run_select!("runs r")
+    };
+    ($from:literal) => {
+        concat!(
+            "SELECT r.run_id, r.workflow_ref, r.workflow_name, r.scope_key, r.status,
             r.current_step_id, r.parent_run_id, r.parent_unit_id, r.invocation_key,
             r.origin_session_id, p.bytes, o.bytes,
             (SELECT coalesce(max(e.revision), 0) FROM events e WHERE e.resource_id = r.run_id),
             r.created_at, r.updated_at,
             r.completed_at, r.not_before, r.priority, r.concurrency_key
-         FROM runs r LEFT JOIN blobs p ON p.digest = r.params
+         FROM ",
+            $from,
+            " LEFT JOIN blobs p ON p.digest = r.params
                      LEFT JOIN blobs o ON o.digest = r.outputs "
+        )
     };
 }
 
@@ -251,10 +258,12 @@ pub const LIST_RUNS_OF_STATUS_SQL: Sql = Sql::split(
 );
 /// [`LIST_RUNS_OF_STATUS_SQL`] for runs of one workflow name (?11) too: a range of
 /// `runs_name_status_recent`. A name alone is every status's range, merged by the caller (a
-/// handful of short ranges), so one index serves the name with or without statuses.
+/// handful of short ranges), so one index serves the name with or without statuses. SQLite is
+/// told the index: without statistics (a ledger is never `ANALYZE`d) it walked the status's
+/// range in `runs_status_recent` instead, every active run for a name that has none.
 pub const LIST_RUNS_OF_NAME_SQL: Sql = Sql::split(
     concat!(
-        run_select!(),
+        run_select!("runs r INDEXED BY runs_name_status_recent"),
         "WHERE r.workflow_name = ?11 AND r.status = ?10 AND ",
         run_page!(sqlite)
     ),
@@ -527,7 +536,8 @@ pub const LIST_UNITS_SQL: Sql = Sql::split(
 /// `completed`, see [`OFF_PATH`]): a range of `units_by_status`, already in page order, so a
 /// status that only the last of half a million units have is found without walking the others.
 /// The index holds only such units, which the literal `NOT IN` tells the planner (a parameter
-/// cannot). Running and completed units keep [`LIST_UNITS_SQL`]: they are most of a run's
+/// cannot); SQLite is told the index, which without statistics it may pass over for the run's
+/// whole range in the primary key. Running and completed units keep [`LIST_UNITS_SQL`]: they are most of a run's
 /// units, and an index of them would cost every reserve and finish a write.
 /// The unit statuses `units_by_status` holds.
 pub const OFF_PATH: [UnitStatus; 5] = [
@@ -539,7 +549,7 @@ pub const OFF_PATH: [UnitStatus; 5] = [
 ];
 pub const LIST_UNITS_OF_STATUS_SQL: Sql = Sql::split(
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
-    result, tokens, failure_reason, claim_holder, retry_at FROM units
+    result, tokens, failure_reason, claim_holder, retry_at FROM units INDEXED BY units_by_status
     WHERE run_id = ?1 AND status = ?5 AND status NOT IN ('running', 'completed')
       AND (first_started_at, unit_id) > (?2, ?3)
       AND (?4 IS NULL OR step_id = ?4)

@@ -16,7 +16,6 @@ import pytest
 import fencepost as fp
 from fencepost.ledger import redact_target
 from tests.conftest import PG_URL, cli, pg_connect, pg_schema
-from tests.processes import outcome
 
 
 def test_a_batch_finish_updates_attempts_and_units_in_place() -> None:
@@ -101,12 +100,8 @@ def test_the_ledger_reconnects_after_the_server_drops_its_session() -> None:
             ).fetchone()
             assert killed is not None
             assert killed[0] >= 1
-        # The call that meets the dead session fails clearly (it cannot know whether a write
-        # in flight committed); the next one reconnects.
-        kind, err = outcome(lambda: ledger.get_run("r1"))
-        if kind != "ok":
-            assert kind == "StoreError", err
-            assert "lost the connection to PostgreSQL at 127.0.0.1:5432" in str(err)
+        # The call that meets the dead session had sent no COMMIT, so it runs again on a new
+        # session (tests/test_store_postgres_failover.py covers a session lost after one).
         run = ledger.get_run("r1")
         assert run is not None
         assert run.run_id == "r1"

@@ -96,18 +96,8 @@ fn run_pages_are_read_by_index(store: &mut dyn Store) {
 
 fn run_pages_filter_by_name_and_time(store: &mut dyn Store) {
     fill_runs(store);
-    let every = RunFilter {
-        all_scopes: true,
-        include_children: true,
-        ..RunFilter::default()
-    };
+    let every = every_run();
     let everything = runs::list_runs(store, &every).expect("all runs");
-    let ids = |runs: &[crate::model::Run], keep: &dyn Fn(&crate::model::Run) -> bool| {
-        runs.iter()
-            .filter(|r| keep(r))
-            .map(|r| r.run_id.clone())
-            .collect::<Vec<_>>()
-    };
     // A time range: runs updated in [100, 300), with and without statuses.
     let window = RunFilter {
         updated_after: Some(100),
@@ -185,6 +175,23 @@ fn name_runs(store: &mut dyn Store) {
     analyze(store);
 }
 
+/// Every run, of every scope, children included.
+fn every_run() -> RunFilter {
+    RunFilter {
+        all_scopes: true,
+        include_children: true,
+        ..RunFilter::default()
+    }
+}
+
+/// The ids of the `runs` that `keep` keeps, in order.
+fn ids(runs: &[crate::model::Run], keep: &dyn Fn(&crate::model::Run) -> bool) -> Vec<String> {
+    runs.iter()
+        .filter(|r| keep(r))
+        .map(|r| r.run_id.clone())
+        .collect()
+}
+
 /// Every page of `filter`, following the cursor, concatenated.
 fn all_pages(store: &mut dyn Store, filter: &RunFilter, size: i64) -> Vec<String> {
     let mut filter = RunFilter {
@@ -208,11 +215,7 @@ fn all_pages(store: &mut dyn Store, filter: &RunFilter, size: i64) -> Vec<String
 
 fn run_pages_follow_the_cursor(store: &mut dyn Store) {
     fill_runs(store);
-    let every = RunFilter {
-        all_scopes: true,
-        include_children: true,
-        ..RunFilter::default()
-    };
+    let every = every_run();
     let everything = runs::list_runs(store, &every).expect("all runs");
     assert_eq!(everything.len(), 3001);
     // Newest first, run ids bytewise among runs updated and created together.
@@ -220,12 +223,6 @@ fn run_pages_follow_the_cursor(store: &mut dyn Store) {
         (w[0].updated_at, w[0].created_at, w[0].run_id.as_bytes())
             > (w[1].updated_at, w[1].created_at, w[1].run_id.as_bytes())
     }));
-    let ids = |runs: &[crate::model::Run], keep: &dyn Fn(&crate::model::Run) -> bool| {
-        runs.iter()
-            .filter(|r| keep(r))
-            .map(|r| r.run_id.clone())
-            .collect::<Vec<_>>()
-    };
     assert_eq!(all_pages(store, &every, 97), ids(&everything, &|_| true));
     // Several statuses: one range each, merged into one order, paged across the seams.
     let ended = RunFilter {

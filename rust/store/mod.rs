@@ -652,14 +652,12 @@ impl dyn Store + '_ {
         out.ok_or_else(|| unreachable_store(op))
     }
 
-    /// [`Store::read_dyn`] returning the body's value.
-    pub fn read<T>(&mut self, op: &str, body: impl FnOnce(&dyn Tx) -> Result<T>) -> Result<T> {
-        let mut body = Some(body);
+    /// [`Store::read_dyn`] returning the body's value. The body may run more than once (a read
+    /// whose session was lost runs again on a new one), so it is `FnMut`.
+    pub fn read<T>(&mut self, op: &str, mut body: impl FnMut(&dyn Tx) -> Result<T>) -> Result<T> {
         let mut out = None;
         self.read_dyn(op, &mut |tx| {
-            if let Some(f) = body.take() {
-                out = Some(f(tx)?);
-            }
+            out = Some(body(tx)?);
             Ok(())
         })?;
         out.ok_or_else(|| unreachable_store(op))

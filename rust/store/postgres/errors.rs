@@ -66,6 +66,17 @@ pub(super) fn classify(target: &Target, e: &PgError) -> DbError {
         {
             return unavailable(target, e);
         }
+        if *code == SqlState::READ_ONLY_SQL_TRANSACTION {
+            return DbError::new(
+                DbErrorKind::Unavailable,
+                format!(
+                    "PostgreSQL at {} is read-only (a standby, or a primary a failover demoted), \
+                     so nothing was written; give the URL every host with \
+                     target_session_attrs=read-write and fencepost finds the writable one",
+                    target.server
+                ),
+            );
+        }
         if *code == SqlState::INSUFFICIENT_PRIVILEGE {
             return DbError::new(
                 DbErrorKind::Unavailable,

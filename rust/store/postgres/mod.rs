@@ -296,6 +296,7 @@ impl PgStore {
             Some(RetryKind::Busy) => Failure::Busy(e),
             Some(RetryKind::Race) => Failure::Race(e),
             Some(RetryKind::Stale) => Failure::Stale(e),
+            Some(RetryKind::Reconnect) => Failure::Reconnect(e),
             None => Failure::Fatal(e),
         })
     }
@@ -314,6 +315,7 @@ impl Store for PgStore {
         self.ensure_connected()?;
         let mut backoff = Backoff::new(self.opts.busy_timeout_ms, MAX_BUSY_RETRIES);
         let mut unique_retries = 0u32;
+        let mut reconnected = false;
         // The first try reads without the runs' locks and takes them with the writes, which
         // check first that what was read still holds: a run's lock is held for the write
         // alone. Every try after a failure takes them before the read, so it cannot fail for
@@ -336,6 +338,12 @@ impl Store for PgStore {
                 Err(Failure::Busy(_)) => {
                     backoff.wait()?;
                 }
+                Err(Failure::Reconnect(e)) => {
+                    if std::mem::replace(&mut reconnected, true) {
+                        return Err(e);
+                    }
+                    self.ensure_connected()?;
+                }
             }
         }
     }
@@ -348,27 +356,51 @@ impl Store for PgStore {
         body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
     ) -> Result<()> {
         self.ensure_connected()?;
-        match self.run_once(
-            op,
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
-            false,
-            false,
-            body,
-        ) {
-            Ok(()) => Ok(()),
-            Err(Failure::Fatal(e) | Failure::Busy(e) | Failure::Race(e) | Failure::Stale(e)) => {
-                Err(e)
+        let begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+        let once = match self.run_once(op, begin, false, false, body) {
+            Err(Failure::Reconnect(_)) => {
+                // A read writes nothing: on a new session it is simply read again (a failover
+                // leaves every session's next call this way).
+                self.ensure_connected()?;
+                self.run_once(op, begin, false, false, body)
             }
+            once => once,
+        };
+        match once {
+            Ok(()) => Ok(()),
+            Err(
+                Failure::Fatal(e)
+                | Failure::Busy(e)
+                | Failure::Race(e)
+                | Failure::Stale(e)
+                | Failure::Reconnect(e),
+            ) => Err(e),
         }
     }
 
-    /// One autocommit statement, before the reader's transaction takes its snapshot.
+    /// One autocommit statement, before the reader's transaction takes its snapshot. It writes
+    /// nothing, so a session found lost is replaced and the statement read again, once.
     fn event_horizon(&mut self) -> Result<Option<i64>> {
-        self.ensure_connected()?;
-        let row = self.block("reading events", |c| {
-            c.query_one(sql::EVENT_HORIZON_SQL, &[])
-        })?;
-        Ok(row.get(0))
+        let mut again = false;
+        loop {
+            self.ensure_connected()?;
+            let client = self.client()?;
+            match self
+                .runtime
+                .block_on(client.query_one(sql::EVENT_HORIZON_SQL, &[]))
+            {
+                Ok(row) => return Ok(row.get(0)),
+                Err(e) => {
+                    let err = classify(&self.target, &e);
+                    if matches!(err.kind, crate::store::DbErrorKind::Unavailable) && !again {
+                        again = true;
+                        self.broken = true;
+                        continue;
+                    }
+                    return Err(ledger_error("reading events", &self.target.label, &err));
+                }
+            }
+        }
     }
 
     fn lost(&self) -> bool {
@@ -450,6 +482,9 @@ enum Failure {
     /// changed: run it again at once, with the locks taken before the read. The error cannot
     /// surface: the next try takes the locks first, so it never fails this way.
     Stale(LedgerError),
+    /// The session died, or its server would not write, before the `COMMIT` went out: run it
+    /// again once on a new session. The error is what to report if that fails too.
+    Reconnect(LedgerError),
     /// Anything else: give up with this error.
     Fatal(LedgerError),
 }

@@ -120,20 +120,35 @@ impl Target {
             .application_name("fencepost")
             .connect_timeout(CONNECT_TIMEOUT)
             .ssl_mode(ssl_mode.driver());
-        let host = config.get_hosts().first().map_or_else(
-            || "localhost".to_owned(),
-            |h| match h {
-                tokio_postgres::config::Host::Tcp(name) => name.clone(),
-                #[cfg(unix)]
-                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-            },
-        );
-        let port = config.get_ports().first().copied().unwrap_or(5432);
+        // Every host, each with its port (one port for all when one is given): a multi-host
+        // URL is tried in order, and messages name them all.
+        let ports = config.get_ports();
+        let mut servers: Vec<String> = config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let host = match h {
+                    tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                    #[cfg(unix)]
+                    tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+                };
+                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                format!("{host}:{port}")
+            })
+            .collect();
+        if servers.is_empty() {
+            servers.push(format!(
+                "localhost:{}",
+                ports.first().copied().unwrap_or(5432)
+            ));
+        }
+        let server = servers.join(",");
         let user = config.get_user().unwrap_or("postgres").to_owned();
         let db = config.get_dbname().unwrap_or(&user).to_owned();
         Ok(Self {
-            label: format!("postgresql://{user}@{host}:{port}/{db}?schema={schema}"),
-            server: format!("{host}:{port}"),
+            label: format!("postgresql://{user}@{server}/{db}?schema={schema}"),
+            server,
             config,
             tls,
             notify: format!("NOTIFY {}", channel(&schema)),
@@ -197,6 +212,24 @@ mod tests {
         assert_eq!(
             Target::parse("postgresql://bob@h/d", None).unwrap().schema,
             "public"
+        );
+        // Several hosts, each with its port (the default where a host gives none): all named.
+        let t = Target::parse(
+            "postgresql://bob:pw@a:5432,b:5433/d?target_session_attrs=read-write",
+            None,
+        )
+        .unwrap();
+        assert_eq!(t.server, "a:5432,b:5433");
+        assert_eq!(t.label, "postgresql://bob@a:5432,b:5433/d?schema=public");
+        assert_eq!(
+            t.config.get_target_session_attrs(),
+            tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        );
+        let t = Target::parse("postgresql://bob@a,b:6000/d", None).unwrap();
+        assert_eq!(t.server, "a:5432,b:6000");
+        assert_eq!(
+            Target::parse("postgresql://bob@h/d", None).unwrap().server,
+            "h:5432"
         );
     }
 

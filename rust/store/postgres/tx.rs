@@ -31,6 +31,10 @@ pub(super) enum RetryKind {
     Stale,
     /// A UNIQUE violation that a racing insert caused: re-running finds the winner's row.
     Race,
+    /// The session died, or its server is read-only (a standby, or a primary a failover
+    /// demoted), before the `COMMIT` went out: nothing was written, so the transaction may run
+    /// again on a new session, which a multi-host URL takes to the writable server.
+    Reconnect,
 }
 
 /// An open transaction on the connection.
@@ -56,6 +60,8 @@ pub(super) struct Tx<'a> {
     savepoint: Cell<u32>,
     /// A statement met a dead session.
     lost: Cell<bool>,
+    /// The `COMMIT` has gone out: a session lost from here on leaves the outcome unknown.
+    committing: Cell<bool>,
     /// How many run locks were held when the current call's savepoint began: undoing it
     /// releases the locks taken after.
     call_locks: Cell<usize>,
@@ -115,6 +121,7 @@ impl<'a> Tx<'a> {
             late: RefCell::new(Vec::new()),
             savepoint: Cell::new(0),
             lost: Cell::new(false),
+            committing: Cell::new(false),
             call_locks: Cell::new(0),
         }
     }
@@ -144,6 +151,7 @@ impl<'a> Tx<'a> {
     /// commit's answer alone is the outcome. Either way listeners hear of it after the commit.
     pub(super) fn end(&self, out: Result<()>, commit: bool) -> Result<()> {
         if out.is_ok() && commit && self.pipe.begun() {
+            self.committing.set(true);
             let notify = !self.locked.borrow().is_empty();
             if !notify || self.target.notify_in_commit {
                 if notify {
@@ -195,7 +203,13 @@ impl<'a> Tx<'a> {
         match &err.kind {
             DbErrorKind::Busy => self.retry.set(Some(RetryKind::Busy)),
             DbErrorKind::Unique { .. } if !interpret => self.retry.set(Some(RetryKind::Race)),
-            DbErrorKind::Unavailable => self.lost.set(true),
+            DbErrorKind::Unavailable => {
+                self.lost.set(true);
+                if self.committing.get() {
+                    return commit_unknown(self.target);
+                }
+                self.retry.set(Some(RetryKind::Reconnect));
+            }
             _ => {}
         }
         err
@@ -498,6 +512,23 @@ impl crate::store::Tx for Tx<'_> {
             FailureScope::Call
         }
     }
+}
+
+/// A session lost once the `COMMIT` went out: the server may have committed before it went
+/// away (or before a failover), and nothing can tell the client. The write is never run again
+/// by itself; the message says how to find out, by the calls that are safe to repeat.
+fn commit_unknown(target: &Target) -> DbError {
+    DbError::new(
+        DbErrorKind::Unavailable,
+        format!(
+            "lost the connection to PostgreSQL at {} after COMMIT was sent: the write may have \
+             committed, and fencepost does not run it again. Check before writing anew: read it \
+             back, or repeat it (reserve_attempt again reclaims a reserved attempt in place, \
+             finish_attempt again answers False for a finished one, a claim's generation shows \
+             whether it was taken); fencepost reconnects on the next call",
+            target.server
+        ),
+    )
 }
 
 #[cfg(test)]

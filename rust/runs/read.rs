@@ -259,18 +259,18 @@ pub fn run_counts(store: &mut dyn Store, count_max: i64) -> Result<Vec<(RunStatu
             format!("must be from 0 to {RUN_COUNT_MAX}, not {count_max}"),
         ));
     }
-    store.read("counting runs", |tx| {
-        let mut counts = Vec::with_capacity(RunStatus::ALL.len());
-        for status in RunStatus::ALL {
-            let n = tx.row(
-                &sql::RUN_COUNT_SQL,
-                params![status.as_str(), count_max],
-                |r| r.get::<i64>(0),
-            )?;
-            counts.push((*status, n.unwrap_or(0)));
-        }
-        Ok(counts)
-    })
+    let found: Vec<(String, i64)> = store.read("counting runs", |tx| {
+        tx.rows(&sql::RUN_COUNTS_SQL, params![count_max], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+    })?;
+    Ok(RunStatus::ALL
+        .iter()
+        .map(|status| {
+            let n = found.iter().find(|(s, _)| s == status.as_str());
+            (*status, n.map_or(0, |(_, n)| *n))
+        })
+        .collect())
 }
 
 /// The newest top-level active run of `refs` in (or, with `outside`, outside) `scope_key`.

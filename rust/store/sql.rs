@@ -273,17 +273,31 @@ pub const LIST_RUNS_OF_NAME_SQL: Sql = Sql::split(
         run_page!(postgres)
     ),
 );
-/// The runs of one status (?1), counted up to ?2: a walk of at most ?2 entries of
-/// `runs_status_recent`'s range for the status, so a total across millions of runs costs what
-/// ?2 does (the ledger keeps no running count, which every run's every move would have to
-/// write under one hot row). The order is the index's own: without it PostgreSQL may count a
-/// common status by scanning the table until ?2 rows match, a walk of every run when they are
-/// at its end.
-pub const RUN_COUNT_SQL: Sql = Sql::split(
-    "SELECT count(*) FROM (SELECT 1 FROM runs WHERE status = ?1
-        ORDER BY updated_at DESC LIMIT ?2)",
-    "SELECT count(*) FROM (SELECT 1 FROM runs WHERE status = CAST(?1 AS TEXT)
-        ORDER BY updated_at DESC LIMIT CAST(?2 AS BIGINT)) AS counted",
+/// Every status's runs, each counted up to ?1, in one statement (one round trip on PostgreSQL): per
+/// status a walk of at most ?1 entries of `runs_status_recent`'s range for it, so a total across
+/// millions of runs costs what ?1 does (the ledger keeps no running count, which every run's every
+/// move would have to write under one hot row). The statuses are spelled out, not read from the
+/// runs (which would be a walk of them all); a conformance test checks that the list is every
+/// status. The order is the index's own: without it PostgreSQL may count a common status by
+/// scanning the table until ?1 rows match, a walk of every run when they are at its end.
+macro_rules! run_counts {
+    ($limit:literal, $alias:literal) => {
+        concat!(
+            "SELECT s.status, (SELECT count(*) FROM (SELECT 1 FROM runs r
+                WHERE r.status = s.status ORDER BY r.updated_at DESC LIMIT ",
+            $limit,
+            ")",
+            $alias,
+            ")
+            FROM (SELECT 'queued' AS status UNION ALL SELECT 'starting' UNION ALL
+                SELECT 'active' UNION ALL SELECT 'blocked' UNION ALL SELECT 'parked' UNION ALL
+                SELECT 'completed' UNION ALL SELECT 'failed' UNION ALL SELECT 'cancelled') s"
+        )
+    };
+}
+pub const RUN_COUNTS_SQL: Sql = Sql::split(
+    run_counts!("?1", ""),
+    run_counts!("CAST(?1 AS BIGINT)", " AS counted"),
 );
 /// ?3 = 0: in this scope; ?3 = 1: in any other scope or none. Two separate questions, so a
 /// same-scope row can never mask another scope's run.

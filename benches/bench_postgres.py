@@ -10,6 +10,7 @@ as impl ``fencepost-postgres``. Every schema is fresh and dropped afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
 import os
@@ -326,3 +327,80 @@ def bench_pg_pgqueuer_dequeue(benchmark: Any, procs: int) -> None:
     finally:
         owner.close()
     benchmark.extra_info.update(items_per_s=round(rate[0]))
+
+
+# ------------------------------------------------------------------ behind a transaction pooler
+
+
+@pytest.fixture(scope="module")
+def pgbouncer() -> Iterator[str]:
+    """PgBouncer in transaction mode (tests/pgbouncer.py) in front of the benches' server."""
+    from tests.pgbouncer import bouncer
+
+    with bouncer(pg_url().partition("?")[0]) as url:
+        yield url
+
+
+# What the pooler mode costs: the same loops on a direct connection with prepared statements
+# ("fencepost"), in the pooler mode on a direct connection (unnamed statements parsed and
+# planned at every use, the settings SET LOCAL in every transaction: the mode's own cost), and
+# in the pooler mode through PgBouncer (the mode plus the pooler's hop).
+POOLER_IMPLS = ["fencepost", "fencepost pooler mode, direct", "fencepost pooler mode, pgbouncer"]
+
+
+@contextlib.contextmanager
+def _pooler_ledger(impl: str, pgbouncer: str) -> Iterator[fp.Ledger]:
+    with pg_schema() as url:
+        if impl != "fencepost":
+            url += "&pooler=transaction"
+        if impl.endswith("pgbouncer"):
+            url = pgbouncer + "?" + url.partition("?")[2]
+        with fp.Ledger.open(plaintext(url)) as ledger:
+            yield ledger
+
+
+@pytest.mark.parametrize("impl", POOLER_IMPLS)
+def bench_pg_cycle_pooler(benchmark: Any, impl: str, pgbouncer: str) -> None:
+    label(benchmark, "postgres normal: per unit, one at a time, direct vs pooler", impl, N)
+    with _pooler_ledger(impl, pgbouncer) as ledger:
+        benchmark.pedantic(_cycle, setup=lambda: ((ledger, _run(ledger)), {}), rounds=ROUNDS)
+
+
+@pytest.mark.parametrize("impl", POOLER_IMPLS)
+def bench_pg_batch_pooler(benchmark: Any, impl: str, pgbouncer: str) -> None:
+    group = f"postgres normal: per unit, batches of {BATCH}, direct vs pooler"
+    label(benchmark, group, impl, BATCH)
+    with _pooler_ledger(impl, pgbouncer) as ledger:
+
+        def go(run_id: str) -> None:
+            assert all(batch_round(ledger, run_id, [f"u{i}" for i in range(BATCH)]))
+
+        benchmark.pedantic(go, setup=lambda: ((_run(ledger),), {}), rounds=ROUNDS)
+
+
+@pytest.mark.parametrize("impl", [POOLER_IMPLS[0], POOLER_IMPLS[2]])
+def bench_pg_dispatchers_pooler(benchmark: Any, impl: str, pgbouncer: str) -> None:
+    """4 dispatcher processes x 16 callers on one run, direct and through PgBouncer in the
+    pooler mode: the shape a pooler is for (many clients), where group commit makes each
+    process's concurrent calls one transaction and so pays each unnamed statement's parse
+    once per group, not per call."""
+    procs = 4
+    group = f"postgres normal: {procs}x{DISPATCH_THREADS} callers on one run, direct vs pooler"
+    label(benchmark, group, impl, procs * DISPATCH_THREADS * DISPATCH_UNITS)
+    out: dict[str, Any] = {}
+    with pg_schema() as schema_url:
+        url = plaintext(schema_url)
+        if impl != "fencepost":
+            url = pgbouncer + "?" + url.partition("?")[2] + "&pooler=transaction"
+
+        def go() -> None:
+            out.update(dispatch_throughput(url, procs, DISPATCH_THREADS, DISPATCH_UNITS))
+
+        benchmark.pedantic(go, rounds=1, iterations=1)
+    benchmark.extra_info.update(
+        procs=procs,
+        callers_per_process=DISPATCH_THREADS,
+        dispatch_units_per_s=round(out["units"] / out["wall"]),
+        cpu_busy=out["cpu_busy"],
+        per_process=out["per_process"],
+    )

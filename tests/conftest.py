@@ -105,6 +105,7 @@ def pg_connect(url: str) -> Any:
     import psycopg
 
     base, _, query = url.partition("?")
+    base = _DIRECT.get(base, base)
     schema = dict(p.split("=", 1) for p in query.split("&") if p).get("schema", "public")
     conn = psycopg.connect(base, autocommit=True)
     conn.execute(f'SET search_path TO "{schema}"')
@@ -114,11 +115,58 @@ def pg_connect(url: str) -> Any:
 # ------------------------------------------------------------------ targets and ledgers
 
 
+# The modules whose PostgreSQL tests also run through PgBouncer in transaction mode (the
+# ``pgbouncer`` backend: the ledger's ``?pooler=transaction``): the write paths (reserve, finish,
+# claim, fencing on every write, the queue, prune, retries, fan-in, messages) and the reads of
+# events and blobs.
+POOLED_MODULES = {
+    "test_attempts",
+    "test_blobs",
+    "test_fan_in",
+    "test_messages",
+    "test_attempts_races",
+    "test_leases",
+    "test_leases_races",
+    "test_claim_next",
+    "test_queue",
+    "test_schedule",
+    "test_prune",
+    "test_retries",
+    "test_runs",
+    "test_events",
+    "test_wait_events",
+}
+
+# A URL through the pooler (no query) -> the same database's direct URL, for reading behind
+# the API's back: a session's own settings (search_path) mean nothing through the pooler.
+_DIRECT: dict[str, str] = {}
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_url() -> Iterator[str]:
+    """PgBouncer in transaction mode in front of the tests' server, for the whole session."""
+    from tests.pgbouncer import bouncer
+
+    direct = PG_URL.partition("?")[0]
+    with bouncer(direct) as url:
+        _DIRECT[url] = direct
+        yield url
+
+
 @contextlib.contextmanager
-def fresh_target(kind: str, tmp_path: pathlib.Path) -> Iterator[str]:
+def fresh_target(
+    kind: str, tmp_path: pathlib.Path, request: pytest.FixtureRequest | None = None
+) -> Iterator[str]:
     """A target no ledger has used yet: ``file`` or ``sqlite`` a SQLite file, ``memory`` a
-    private in-memory database, ``postgres`` a PostgreSQL schema (dropped afterwards)."""
-    if kind == "postgres":
+    private in-memory database, ``postgres`` a PostgreSQL schema (dropped afterwards),
+    ``pgbouncer`` such a schema through PgBouncer in transaction mode."""
+    if kind == "pgbouncer":
+        assert request is not None
+        pooled = request.getfixturevalue("pgbouncer_url")
+        with pg_schema() as url:
+            query = url.partition("?")[2]
+            yield f"{pooled}?{query}&pooler=transaction"
+    elif kind == "postgres":
         with pg_schema() as url:
             yield url
     elif kind == "memory":
@@ -127,19 +175,34 @@ def fresh_target(kind: str, tmp_path: pathlib.Path) -> Iterator[str]:
         yield str(tmp_path / "ledger.db")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "pgbouncer"])
 def target(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[str]:
     """A fresh ledger target on each shared-storage backend: a SQLite file or a PostgreSQL
-    schema. Tests that open several ledgers or start processes on one take this."""
-    with fresh_target(request.param, tmp_path) as made:
+    schema (in ``POOLED_MODULES`` also through PgBouncer). Tests that open several ledgers or
+    start processes on one take this."""
+    with fresh_target(request.param, tmp_path, request) as made:
         yield made
 
 
-@pytest.fixture(params=["file", "memory", "postgres"])
+@pytest.fixture(params=["file", "memory", "postgres", "pgbouncer"])
 def ledger_target(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[str]:
     """Where the ``ledger`` fixture opens its ledger: every backend, in-memory SQLite too."""
-    with fresh_target(request.param, tmp_path) as made:
+    with fresh_target(request.param, tmp_path, request) as made:
         yield made
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``pgbouncer`` backend runs only in ``POOLED_MODULES``: elsewhere those items are not
+    made at all (they are not tests skipped or deselected, just not part of the suite)."""
+
+    def pooled(item: pytest.Item) -> bool:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        return "pgbouncer" in (params.get("target"), params.get("ledger_target"))
+
+    def module(item: pytest.Item) -> str:
+        return str(getattr(getattr(item, "module", None), "__name__", "")).split(".")[-1]
+
+    items[:] = [item for item in items if not pooled(item) or module(item) in POOLED_MODULES]
 
 
 @pytest.fixture

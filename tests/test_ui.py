@@ -161,8 +161,13 @@ def test_runs_by_name_time_range_totals_and_id_search(
         naive = request(srv, "/api/runs?updated_after=2026-01-01T00:00:00")
         assert naive.status == 400
         assert "offset" in naive.json()["error"]
-        backwards = request(srv, f"/api/runs?updated_after={until}&updated_before={since}")
+        backwards = request(
+            srv,
+            "/api/runs?"
+            + urllib.parse.urlencode({"updated_after": until, "updated_before": since}),
+        )
         assert backwards.status == 400
+        assert "updated_before" in backwards.json()["error"]
         # Find by id: one match opens it, several are listed, none is empty.
         assert get_json(srv, "/api/find", prefix="run-4") == {"run_id": "run-4", "matches": []}
         several = get_json(srv, "/api/find", prefix="run-")

@@ -546,14 +546,7 @@ pub const LIST_UNITS_SQL: Sql = Sql::split(
       AND (CAST(?5 AS TEXT) IS NULL OR status = ?5)
     ORDER BY first_started_at, unit_id COLLATE \"C\" LIMIT CAST(?6 AS BIGINT)",
 );
-/// [`LIST_UNITS_SQL`] for units of one status off the usual path (?5: not `running` or
-/// `completed`, see [`OFF_PATH`]): a range of `units_by_status`, already in page order, so a
-/// status that only the last of half a million units have is found without walking the others.
-/// The index holds only such units, which the literal `NOT IN` tells the planner (a parameter
-/// cannot); SQLite is told the index, which without statistics it may pass over for the run's
-/// whole range in the primary key. Running and completed units keep [`LIST_UNITS_SQL`]: they are most of a run's
-/// units, and an index of them would cost every reserve and finish a write.
-/// The unit statuses `units_by_status` holds.
+/// The unit statuses `units_by_status` holds: every status off a unit's usual path.
 pub const OFF_PATH: [UnitStatus; 5] = [
     UnitStatus::Pending,
     UnitStatus::Failed,
@@ -561,6 +554,14 @@ pub const OFF_PATH: [UnitStatus; 5] = [
     UnitStatus::Cancelled,
     UnitStatus::Exhausted,
 ];
+/// [`LIST_UNITS_SQL`] for units of one status off the usual path (?5: not `running` or
+/// `completed`, see [`OFF_PATH`]): a range of `units_by_status`, already in page order, so a
+/// status that only the last of half a million units have is found without walking the others.
+/// The index holds only such units, which the literal `NOT IN` tells the planner (a parameter
+/// cannot); SQLite is told the index, which without statistics it may pass over for the run's
+/// whole range in the primary key. Running and completed units keep [`LIST_UNITS_SQL`]: they
+/// are most of a run's units, and an index of them would cost every reserve and finish a
+/// write.
 pub const LIST_UNITS_OF_STATUS_SQL: Sql = Sql::split(
     "SELECT run_id, unit_id, step_id, phase, status, attempts,
     result, tokens, failure_reason, claim_holder, retry_at FROM units INDEXED BY units_by_status

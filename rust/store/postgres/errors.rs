@@ -88,6 +88,23 @@ pub(super) fn classify(target: &Target, e: &PgError) -> DbError {
                 ),
             );
         }
+        if (*code == SqlState::DUPLICATE_PSTATEMENT
+            || *code == SqlState::INVALID_SQL_STATEMENT_NAME)
+            && !target.pooled
+        {
+            // A statement this session prepared is gone, or its name was taken: the session
+            // is being shared, which is what a pooler in transaction mode does.
+            return DbError::new(
+                DbErrorKind::Other,
+                format!(
+                    "{}; {} hands this ledger's transactions to server sessions it shares: \
+                     behind a pooler in transaction mode (PgBouncer's pool_mode = transaction) \
+                     add pooler=transaction to the URL",
+                    error_text(e),
+                    target.server
+                ),
+            );
+        }
         return DbError::new(DbErrorKind::Other, error_text(e));
     }
     // Only a closed session or a failed socket means the connection is gone (and is rebuilt

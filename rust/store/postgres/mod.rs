@@ -35,18 +35,20 @@ mod target;
 mod tls;
 mod tx;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
-use tokio_postgres::{Client, Error as PgError, Statement};
+use tokio_postgres::{Client, Error as PgError, SimpleQueryMessage};
 
 use crate::errors::{LedgerError, Result};
 use crate::store::migrate::{self, Dialect};
 use crate::store::{ledger_error, Backoff, Durability, OpenOptions, Pragmas, Store};
 use errors::{classify, error_text, scrub};
+use pipeline::Prepared;
 use target::Target;
 use tx::{RetryKind, Tx};
 
@@ -74,8 +76,9 @@ pub struct PgStore {
     task: Option<JoinHandle<()>>,
     target: Target,
     opts: OpenOptions,
-    /// Prepared statements by their SQL text (each `Sql` is a `'static` constant).
-    statements: HashMap<&'static str, Statement>,
+    /// Statements as this session sends them, by their SQL text (each `Sql` is a `'static`
+    /// constant): prepared, or behind a transaction-mode pooler their rewritten text.
+    statements: HashMap<&'static str, Prepared>,
     /// A call met a dead session: reconnect before the next one, even if the driver has not
     /// noticed the socket closing yet.
     broken: bool,
@@ -181,18 +184,128 @@ impl PgStore {
     /// JIT compilation is off: every statement of the ledger is a few index probes and row
     /// writes, and PostgreSQL compiles a plan whose estimated cost is high, which an estimate
     /// over a skewed backlog can be, at some 15 ms for a statement that runs in a tenth of one.
+    /// Behind a transaction-mode pooler the session is not this ledger's to set: each
+    /// transaction sets them for itself (see [`PgStore::begin`]).
     fn configure(&mut self) -> Result<()> {
+        if self.target.pooled {
+            return Ok(());
+        }
+        let settings = format!(
+            "{}; SET default_transaction_isolation = 'read committed'",
+            self.settings("SET")
+        );
+        self.block("configuring the database", |c| c.batch_execute(&settings))
+    }
+
+    /// The settings of [`PgStore::configure`], each a `set` command (`SET`, or `SET LOCAL`).
+    fn settings(&self, set: &str) -> String {
         let sync = match self.opts.durability {
             Durability::Normal => "off",
             Durability::Full => "on",
         };
-        let settings = format!(
-            "SET search_path TO \"{}\"; SET lock_timeout = {}; SET synchronous_commit = {sync}; \
-             SET default_transaction_isolation = 'read committed'; SET jit = off",
+        format!(
+            "{set} search_path TO \"{}\"; {set} lock_timeout = {}; \
+             {set} synchronous_commit = {sync}; {set} jit = off",
             self.target.schema,
             self.opts.busy_timeout_ms.max(1)
-        );
-        self.block("configuring the database", |c| c.batch_execute(&settings))
+        )
+    }
+
+    /// The message that begins a transaction with `begin`. With `replan` it also discards the
+    /// session's cached plans (`DISCARD PLANS`: prepared statements stay, each is planned
+    /// again at its next use). Behind a transaction-mode pooler it sets the session's settings
+    /// for this transaction alone (`SET LOCAL`), and names the isolation level, since the
+    /// server session's default is not this ledger's; there are no cached plans to discard.
+    fn begin(&self, begin: &'static str, replan: bool) -> Cow<'static, str> {
+        if self.target.pooled {
+            let begin = if begin == "BEGIN" {
+                "BEGIN ISOLATION LEVEL READ COMMITTED"
+            } else {
+                begin
+            };
+            Cow::Owned(format!("{begin}; {}", self.settings("SET LOCAL")))
+        } else if replan {
+            Cow::Owned(format!("{begin}; DISCARD PLANS"))
+        } else {
+            Cow::Borrowed(begin)
+        }
+    }
+
+    /// Statements outside the operations' transactions (the event horizon, the settings, the
+    /// change mark, the integrity check), by the simple protocol: one round trip, no statement
+    /// left on the server, values in text. Behind a transaction-mode pooler they run in a
+    /// read-only transaction that sets the ledger's settings first.
+    fn session_rows(&self, text: &str) -> std::result::Result<Vec<Vec<Option<String>>>, PgError> {
+        let text = if self.target.pooled {
+            Cow::Owned(format!(
+                "BEGIN READ ONLY; {}; {text}; COMMIT",
+                self.settings("SET LOCAL")
+            ))
+        } else {
+            Cow::Borrowed(text)
+        };
+        let Some(client) = self.client.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let messages = self.runtime.block_on(client.simple_query(&text))?;
+        Ok(messages
+            .iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(row) => Some(
+                    (0..row.len())
+                        .map(|i| row.get(i).map(str::to_owned))
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// [`PgStore::session_rows`] as a read: on a session found lost, read again once on a new
+    /// one (see [`PgStore::read_again_once`]). A failure is reported as `op`'s.
+    fn session_read(&mut self, op: &str, text: &str) -> Result<Vec<Vec<Option<String>>>> {
+        self.read_again_once(|store| {
+            store.session_rows(text).map_err(|e| {
+                let err = classify(&store.target, &e);
+                let lost = matches!(err.kind, crate::store::DbErrorKind::Unavailable);
+                let e = ledger_error(op, &store.target.label, &err);
+                if lost {
+                    store.broken = true;
+                    Failure::Reconnect(e)
+                } else {
+                    Failure::Fatal(e)
+                }
+            })
+        })
+    }
+
+    /// The one row of [`PgStore::session_read`].
+    fn session_row(&mut self, op: &str, text: &str) -> Result<Vec<Option<String>>> {
+        self.session_read(op, text)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| LedgerError::StoreError {
+                operation: op.into(),
+                message: format!("{} answered no row", self.target.label),
+            })
+    }
+
+    /// Run `attempt`, which writes nothing, and if it found the session lost, once more on a
+    /// new session: a failover leaves every session's next call this way, and a read is simply
+    /// read again.
+    fn read_again_once<T>(
+        &mut self,
+        mut attempt: impl FnMut(&mut Self) -> std::result::Result<T, Failure>,
+    ) -> Result<T> {
+        self.ensure_connected()?;
+        let once = match attempt(self) {
+            Err(Failure::Reconnect(_)) => {
+                self.ensure_connected()?;
+                attempt(self)
+            }
+            once => once,
+        };
+        once.map_err(Failure::into_error)
     }
 
     /// PostgreSQL's part of migrating (see [`migrate`]): the advisory lock that lets several
@@ -275,6 +388,7 @@ impl PgStore {
                 message: format!("the connection to {} is closed", target.label),
             }));
         };
+        let begin = self.begin(begin, replan);
         let tx = Tx::new(
             &self.runtime,
             client,
@@ -282,7 +396,6 @@ impl PgStore {
             target,
             op,
             begin,
-            replan,
         )
         .optimistic(optimistic);
         let out = body(&tx);
@@ -355,52 +468,19 @@ impl Store for PgStore {
         op: &str,
         body: &mut dyn FnMut(&dyn crate::store::Tx) -> Result<()>,
     ) -> Result<()> {
-        self.ensure_connected()?;
         let begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
-        let once = match self.run_once(op, begin, false, false, body) {
-            Err(Failure::Reconnect(_)) => {
-                // A read writes nothing: on a new session it is simply read again (a failover
-                // leaves every session's next call this way).
-                self.ensure_connected()?;
-                self.run_once(op, begin, false, false, body)
-            }
-            once => once,
-        };
-        match once {
-            Ok(()) => Ok(()),
-            Err(
-                Failure::Fatal(e)
-                | Failure::Busy(e)
-                | Failure::Race(e)
-                | Failure::Stale(e)
-                | Failure::Reconnect(e),
-            ) => Err(e),
-        }
+        self.read_again_once(|store| store.run_once(op, begin, false, false, body))
     }
 
-    /// One autocommit statement, before the reader's transaction takes its snapshot. It writes
-    /// nothing, so a session found lost is replaced and the statement read again, once.
+    /// One autocommit statement, before the reader's transaction takes its snapshot.
     fn event_horizon(&mut self) -> Result<Option<i64>> {
-        let mut again = false;
-        loop {
-            self.ensure_connected()?;
-            let client = self.client()?;
-            match self
-                .runtime
-                .block_on(client.query_one(sql::EVENT_HORIZON_SQL, &[]))
-            {
-                Ok(row) => return Ok(row.get(0)),
-                Err(e) => {
-                    let err = classify(&self.target, &e);
-                    if matches!(err.kind, crate::store::DbErrorKind::Unavailable) && !again {
-                        again = true;
-                        self.broken = true;
-                        continue;
-                    }
-                    return Err(ledger_error("reading events", &self.target.label, &err));
-                }
-            }
-        }
+        let op = "reading events";
+        let row = self.session_row(op, sql::EVENT_HORIZON_SQL)?;
+        row.into_iter()
+            .next()
+            .flatten()
+            .map(|v| int(op, &v))
+            .transpose()
     }
 
     fn lost(&self) -> bool {
@@ -408,10 +488,10 @@ impl Store for PgStore {
     }
 
     fn pragmas(&mut self) -> Result<Pragmas> {
-        self.ensure_connected()?;
-        let row = self.block("reading settings", |c| c.query_one(sql::PRAGMAS_SQL, &[]))?;
-        let sync: String = row.get(0);
-        let lock_timeout: String = row.get(1);
+        let op = "reading settings";
+        let row = self.session_row(op, sql::PRAGMAS_SQL)?;
+        let text = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+        let (sync, lock_timeout) = (text(0), text(1));
         Ok(Pragmas {
             journal_mode: "postgresql".into(),
             synchronous: if sync == "off" || sync == "local" {
@@ -421,8 +501,8 @@ impl Store for PgStore {
             },
             busy_timeout: parse_ms(&lock_timeout),
             foreign_keys: true,
-            schema_version: row.get(2),
-            tls: Some(row.get(3)),
+            schema_version: int(op, &text(2))?,
+            tls: Some(text(3)),
         })
     }
 
@@ -436,23 +516,26 @@ impl Store for PgStore {
                 migrate::SCHEMA_VERSION
             )]);
         }
-        for table in sql::TABLES {
-            let text = format!("SELECT 1 FROM {table} LIMIT 1");
-            self.block("checking integrity", |c| c.batch_execute(&text))?;
-        }
+        let probes: Vec<String> = sql::TABLES
+            .iter()
+            .map(|table| format!("SELECT 1 FROM {table} LIMIT 1"))
+            .collect();
+        self.session_read("checking integrity", &probes.join("; "))?;
         Ok(vec!["ok".into()])
     }
 
     fn change_mark(&mut self) -> Result<(i64, i64)> {
-        self.ensure_connected()?;
-        let row = self.block("waiting for events", |c| {
-            c.query_one(sql::CHANGE_MARK_SQL, &[])
-        })?;
-        Ok((row.get(0), i64::from(row.get::<_, bool>(1))))
+        let op = "waiting for events";
+        let row = self.session_row(op, sql::CHANGE_MARK_SQL)?;
+        let value = row.first().cloned().flatten().unwrap_or_default();
+        let called = row.get(1).cloned().flatten();
+        Ok((int(op, &value)?, i64::from(called.as_deref() == Some("t"))))
     }
 
+    /// Behind a transaction-mode pooler there is no session to `LISTEN` on: `wait_events`
+    /// polls, as with `listen=False`.
     fn signal(&mut self) -> Result<Option<std::sync::Arc<crate::store::Signal>>> {
-        if !self.opts.listen {
+        if !self.opts.listen || self.target.pooled {
             return Ok(None);
         }
         if self.listener.is_none() {
@@ -462,9 +545,16 @@ impl Store for PgStore {
     }
 
     /// Autovacuum normally keeps up; after a large prune this reclaims the dead rows and
-    /// refreshes the planner's statistics at once. Outside any transaction, as VACUUM must be.
+    /// refreshes the planner's statistics at once. Outside any transaction, as VACUUM must be,
+    /// so the tables are named with their schema (behind a pooler the session's `search_path`
+    /// is not the ledger's).
     fn vacuum(&mut self) -> Result<()> {
-        let text = format!("VACUUM (ANALYZE) {}", sql::TABLES.join(", "));
+        let schema = &self.target.schema;
+        let tables: Vec<String> = sql::TABLES
+            .iter()
+            .map(|table| format!("\"{schema}\".{table}"))
+            .collect();
+        let text = format!("VACUUM (ANALYZE) {}", tables.join(", "));
         self.block("vacuuming the database", |c| c.batch_execute(&text))
     }
 }
@@ -487,6 +577,27 @@ enum Failure {
     Reconnect(LedgerError),
     /// Anything else: give up with this error.
     Fatal(LedgerError),
+}
+
+impl Failure {
+    /// The error to report when nothing more is tried.
+    fn into_error(self) -> LedgerError {
+        match self {
+            Self::Busy(e)
+            | Self::Race(e)
+            | Self::Stale(e)
+            | Self::Reconnect(e)
+            | Self::Fatal(e) => e,
+        }
+    }
+}
+
+/// An integer the server answered in text.
+fn int(op: &str, text: &str) -> Result<i64> {
+    text.parse().map_err(|_| LedgerError::StoreError {
+        operation: op.into(),
+        message: format!("the server answered {text:?} where a number was expected"),
+    })
 }
 
 /// `lock_timeout` as PostgreSQL shows it (`5s`, `250ms`, `1min`, `0`) in milliseconds.

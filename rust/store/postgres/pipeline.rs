@@ -11,11 +11,12 @@ use std::cell::{Cell, RefCell};
 use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, LazyLock};
 use std::task::Poll;
 
 use bytes::BytesMut;
 use tokio::runtime::Runtime;
-use tokio_postgres::types::{to_sql_checked, IsNull, ToSql as PgToSql, Type};
+use tokio_postgres::types::{to_sql_checked, Format, IsNull, Kind, ToSql as PgToSql, Type};
 use tokio_postgres::{Client, Error as PgError, Statement};
 
 use crate::store::{SqlValue, ToSql};
@@ -23,17 +24,30 @@ use crate::store::{SqlValue, ToSql};
 /// The most requests a transaction queues before it sends them (a long one-by-one batch).
 pub(super) const MAX_QUEUED: usize = 64;
 
+/// A statement as a transaction sends it.
+#[derive(Clone)]
+pub(super) enum Prepared {
+    /// Prepared once per session: the server keeps it by name, so each use sends only its
+    /// parameters, and caches its plan.
+    Named(Statement),
+    /// Its text (placeholders rewritten), sent with every use as the unnamed statement, its
+    /// parameters' types left to the server and their values in text: behind a pooler in
+    /// transaction mode, where the next transaction may run on another server session that
+    /// never saw a name (see `Target::pooled`).
+    Unnamed(Arc<str>),
+}
+
 /// A request queued to go out with the next one the transaction waits for.
 pub(super) enum Queued {
     /// A command without parameters (`BEGIN`, `RELEASE SAVEPOINT ...`).
     Simple(Cow<'static, str>),
-    /// A prepared statement and its parameters, owned until sent.
-    Exec(Statement, Vec<Owned>),
+    /// A statement and its parameters, owned until sent.
+    Exec(Prepared, Vec<Owned>),
 }
 
 impl Queued {
-    /// A prepared statement with its parameters copied, to be sent later.
-    pub(super) fn exec(statement: Statement, params: &[&dyn ToSql]) -> Self {
+    /// A statement with its parameters copied, to be sent later.
+    pub(super) fn exec(statement: Prepared, params: &[&dyn ToSql]) -> Self {
         Self::Exec(
             statement,
             params.iter().map(|p| Owned::of(p.to_sql())).collect(),
@@ -81,18 +95,18 @@ impl Owned {
 /// One request of a pipeline.
 pub(super) enum Req<'r> {
     Simple(&'r str),
-    Exec(&'r Statement, Vec<Bind<'r>>),
-    Query(&'r Statement, Vec<Bind<'r>>),
+    Exec(&'r Prepared, Vec<Bind<'r>>),
+    Query(&'r Prepared, Vec<Bind<'r>>),
 }
 
 impl<'r> Req<'r> {
     /// Execute `statement` with `params`, borrowed until the answer arrives.
-    pub(super) fn exec(statement: &'r Statement, params: &'r [&dyn ToSql]) -> Self {
+    pub(super) fn exec(statement: &'r Prepared, params: &'r [&dyn ToSql]) -> Self {
         Self::Exec(statement, binds(params))
     }
 
     /// Run the query `statement` with `params`.
-    pub(super) fn query(statement: &'r Statement, params: &'r [&dyn ToSql]) -> Self {
+    pub(super) fn query(statement: &'r Prepared, params: &'r [&dyn ToSql]) -> Self {
         Self::Query(statement, binds(params))
     }
 }
@@ -118,21 +132,46 @@ fn request<'f>(client: &'f Client, req: &'f Req<'f>) -> Pending<'f, Result<Resp,
     fn refs<'b>(binds: &'b [Bind<'_>]) -> Vec<&'b (dyn PgToSql + Sync)> {
         binds.iter().map(|b| b as &(dyn PgToSql + Sync)).collect()
     }
+    // Every parameter of an unnamed statement goes as "unspecified", so the server infers its
+    // type from the statement exactly as it does when preparing one, and in text, which
+    // parses into whatever type it inferred (see `Bind`).
+    fn typed<'b>(binds: &'b [Bind<'_>]) -> Vec<(&'b (dyn PgToSql + Sync), Type)> {
+        binds
+            .iter()
+            .map(|b| (b as &(dyn PgToSql + Sync), UNSPECIFIED.clone()))
+            .collect()
+    }
     match req {
         Req::Simple(text) => {
             Box::pin(async move { client.batch_execute(text).await.map(|()| Resp::Done) })
         }
-        Req::Exec(statement, binds) => Box::pin(async move {
+        Req::Exec(Prepared::Named(statement), binds) => Box::pin(async move {
             client
-                .execute(*statement, &refs(binds))
+                .execute(statement, &refs(binds))
                 .await
                 .map(Resp::Count)
         }),
-        Req::Query(statement, binds) => {
-            Box::pin(async move { client.query(*statement, &refs(binds)).await.map(Resp::Rows) })
+        Req::Query(Prepared::Named(statement), binds) => {
+            Box::pin(async move { client.query(statement, &refs(binds)).await.map(Resp::Rows) })
         }
+        Req::Exec(Prepared::Unnamed(text), binds) => Box::pin(async move {
+            client
+                .execute_typed(text, &typed(binds))
+                .await
+                .map(Resp::Count)
+        }),
+        Req::Query(Prepared::Unnamed(text), binds) => Box::pin(async move {
+            client
+                .query_typed(text, &typed(binds))
+                .await
+                .map(Resp::Rows)
+        }),
     }
 }
+
+/// The type of a parameter left for the server to infer (type OID 0 in the Parse message).
+static UNSPECIFIED: LazyLock<Type> =
+    LazyLock::new(|| Type::new("unspecified".into(), 0, Kind::Pseudo, "pg_catalog".into()));
 
 /// Poll `futures` in order until all are done: each one's first poll sends its request, so
 /// the requests leave in order, back to back, before the first answer is awaited.
@@ -172,20 +211,9 @@ pub(super) struct Pipeline<'a> {
 }
 
 impl<'a> Pipeline<'a> {
-    /// A transaction that begins with `begin`, queued: a body that sends nothing costs no
-    /// round trip at all. With `replan`, the same message discards the session's cached plans
-    /// (`DISCARD PLANS`: prepared statements stay, each is planned again at its next use).
-    pub(super) fn new(
-        runtime: &'a Runtime,
-        client: &'a Client,
-        begin: &'static str,
-        replan: bool,
-    ) -> Self {
-        let begin = if replan {
-            Cow::Owned(format!("{begin}; DISCARD PLANS"))
-        } else {
-            Cow::Borrowed(begin)
-        };
+    /// A transaction that begins with `begin` (a message of simple commands, see
+    /// `PgStore::begin`), queued: a body that sends nothing costs no round trip at all.
+    pub(super) fn new(runtime: &'a Runtime, client: &'a Client, begin: Cow<'static, str>) -> Self {
         Self {
             runtime,
             client,
@@ -275,7 +303,10 @@ fn binds<'p>(params: &'p [&dyn ToSql]) -> Vec<Bind<'p>> {
 }
 
 /// A parameter bound to whatever type PostgreSQL inferred for its placeholder: integers fit
-/// `BIGINT`, `INTEGER` (a literal such as `?1 = 1` infers one), `SMALLINT` or `BOOLEAN`.
+/// `BIGINT`, `INTEGER` (a literal such as `?1 = 1` infers one), `SMALLINT` or `BOOLEAN`. For an
+/// unnamed statement the type is not known here ([`UNSPECIFIED`]), so the value goes in text,
+/// the form every type's input function reads: an integer in decimal (`boolean` reads `1` and
+/// `0` too), bytes as `bytea`'s hex form.
 #[derive(Debug)]
 pub(super) struct Bind<'a>(SqlValue<'a>);
 
@@ -285,6 +316,9 @@ impl PgToSql for Bind<'_> {
         ty: &Type,
         out: &mut BytesMut,
     ) -> Result<IsNull, Box<dyn StdError + Sync + Send>> {
+        if ty.oid() == 0 {
+            return Ok(self.to_text(out));
+        }
         match self.0 {
             SqlValue::Null => Ok(IsNull::Yes),
             SqlValue::Int(v) => match *ty {
@@ -303,5 +337,69 @@ impl PgToSql for Bind<'_> {
         true
     }
 
+    fn encode_format(&self, ty: &Type) -> Format {
+        if ty.oid() == 0 {
+            Format::Text
+        } else {
+            Format::Binary
+        }
+    }
+
     to_sql_checked!();
+}
+
+impl Bind<'_> {
+    fn to_text(&self, out: &mut BytesMut) -> IsNull {
+        use std::fmt::Write as _;
+        match self.0 {
+            SqlValue::Null => return IsNull::Yes,
+            SqlValue::Int(v) => {
+                let _ = write!(Text(out), "{v}");
+            }
+            SqlValue::Text(s) => out.extend_from_slice(s.as_bytes()),
+            SqlValue::Blob(b) => {
+                out.extend_from_slice(b"\\x");
+                for byte in b {
+                    let _ = write!(Text(out), "{byte:02x}");
+                }
+            }
+        }
+        IsNull::No
+    }
+}
+
+/// `fmt::Write` into a parameter's bytes.
+struct Text<'b>(&'b mut BytesMut);
+
+impl std::fmt::Write for Text<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(value: SqlValue<'_>) -> Option<String> {
+        let mut out = BytesMut::new();
+        match Bind(value).to_sql(&UNSPECIFIED, &mut out).unwrap() {
+            IsNull::Yes => None,
+            IsNull::No => Some(String::from_utf8(out.to_vec()).unwrap()),
+        }
+    }
+
+    #[test]
+    fn unnamed_statements_bind_text() {
+        assert_eq!(text(SqlValue::Int(-42)).as_deref(), Some("-42"));
+        assert_eq!(text(SqlValue::Text("é x")).as_deref(), Some("é x"));
+        assert_eq!(
+            text(SqlValue::Blob(&[0, 0xab, 0x10])).as_deref(),
+            Some("\\x00ab10")
+        );
+        assert_eq!(text(SqlValue::Null), None);
+        assert_eq!(Bind(SqlValue::Int(1)).encode_format(&UNSPECIFIED) as i16, 0);
+        assert_eq!(Bind(SqlValue::Int(1)).encode_format(&Type::INT8) as i16, 1);
+    }
 }

@@ -32,6 +32,11 @@ pub(super) struct Target {
     /// Whether the `NOTIFY` goes inside the committing transaction (durability `normal`) or
     /// after it (see `tx::Tx::end`).
     pub(super) notify_in_commit: bool,
+    /// `?pooler=transaction`: the server is reached through a pooler in transaction mode
+    /// (`pool_mode = transaction` in `PgBouncer`), which may hand each transaction to another
+    /// server session. Nothing may outlive a transaction then: statements go unnamed, the
+    /// settings are `SET LOCAL` in every transaction, and there is no `LISTEN`.
+    pub(super) pooled: bool,
 }
 
 /// The channel a schema's commits are announced on: `fencepost_` and 32 hex digits of the
@@ -77,6 +82,7 @@ impl Target {
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let mut url_schema = None;
         let (mut url_sslmode, mut sslrootcert) = (None, None);
+        let mut pooled = false;
         let mut rest = Vec::new();
         // fencepost reads these itself: the driver knows neither `schema` nor `sslrootcert`,
         // nor the `verify-*` modes.
@@ -85,6 +91,7 @@ impl Target {
                 Some(("schema", v)) => url_schema = Some(v.to_owned()),
                 Some(("sslmode", v)) => url_sslmode = Some(v.to_owned()),
                 Some(("sslrootcert", v)) => sslrootcert = Some(percent_decode(v)),
+                Some(("pooler", v)) => pooled = pooler(v)?,
                 _ => rest.push(pair),
             }
         }
@@ -146,14 +153,16 @@ impl Target {
         let server = servers.join(",");
         let user = config.get_user().unwrap_or("postgres").to_owned();
         let db = config.get_dbname().unwrap_or(&user).to_owned();
+        let mode = if pooled { "&pooler=transaction" } else { "" };
         Ok(Self {
-            label: format!("postgresql://{user}@{server}/{db}?schema={schema}"),
+            label: format!("postgresql://{user}@{server}/{db}?schema={schema}{mode}"),
             server,
             config,
             tls,
             notify: format!("NOTIFY {}", channel(&schema)),
             listen: format!("LISTEN {}", channel(&schema)),
             notify_in_commit: false,
+            pooled,
             schema,
         })
     }
@@ -161,6 +170,24 @@ impl Target {
     /// The password, to remove from any message that might echo it.
     pub(super) fn password(&self) -> Option<&[u8]> {
         self.config.get_password()
+    }
+}
+
+/// `?pooler=`: whether the ledger talks to a transaction-mode pooler. `session` (a pooler
+/// that keeps one server session per client, which behaves as a direct connection) and `none`
+/// are the default.
+fn pooler(value: &str) -> Result<bool> {
+    match value {
+        "transaction" => Ok(true),
+        "session" | "none" => Ok(false),
+        _ => Err(LedgerError::invalid(
+            "target",
+            format!(
+                "pooler={value} is not a pooler mode fencepost knows; write pooler=transaction \
+                 for PgBouncer (or another pooler) in transaction mode, or leave it out for a \
+                 direct connection or a session-mode pooler"
+            ),
+        )),
     }
 }
 
@@ -230,6 +257,34 @@ mod tests {
         assert_eq!(
             Target::parse("postgresql://bob@h/d", None).unwrap().server,
             "h:5432"
+        );
+    }
+
+    #[test]
+    fn the_pooler_mode_parses_and_is_named() {
+        let t = Target::parse(
+            "postgresql://bob@h:6432/d?pooler=transaction&schema=s",
+            None,
+        )
+        .unwrap();
+        assert!(t.pooled);
+        assert_eq!(
+            t.label,
+            "postgresql://bob@h:6432/d?schema=s&pooler=transaction"
+        );
+        assert!(
+            !Target::parse("postgresql://bob@h/d?pooler=session", None)
+                .unwrap()
+                .pooled
+        );
+        assert!(!Target::parse("postgresql://bob@h/d", None).unwrap().pooled);
+        let Err(err) = Target::parse("postgresql://bob@h/d?pooler=statement", None) else {
+            panic!("pooler=statement was accepted");
+        };
+        assert!(
+            matches!(&err, LedgerError::InvalidArgument { argument, message }
+                if argument == "target" && message.contains("pooler=transaction")),
+            "{err:?}"
         );
     }
 

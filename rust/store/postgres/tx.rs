@@ -3,15 +3,16 @@
 //! `pipeline`), the run's row lock, and savepoints for the statements whose failure the
 //! operation interprets.
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use tokio::runtime::Runtime;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Error as PgError, Statement};
+use tokio_postgres::{Client, Error as PgError};
 
 use super::errors::classify;
-use super::pipeline::{Failed, Pipeline, Queued, Req, Resp};
+use super::pipeline::{Failed, Pipeline, Prepared, Queued, Req, Resp};
 use super::sql;
 use super::target::Target;
 use crate::errors::{LedgerError, Result};
@@ -44,7 +45,7 @@ pub(super) enum RetryKind {
 /// pipeline with the next statement the operation waits for, or with the `COMMIT`.
 pub(super) struct Tx<'a> {
     pipe: Pipeline<'a>,
-    statements: RefCell<&'a mut HashMap<&'static str, Statement>>,
+    statements: RefCell<&'a mut HashMap<&'static str, Prepared>>,
     target: &'a Target,
     op: Cell<&'a str>,
     /// Set when a statement failed in a way that re-running the transaction can cure.
@@ -99,19 +100,17 @@ impl<'a> Tx<'a> {
         Ok(())
     }
 
-    /// A transaction of operation `op` that begins with `begin` (queued, not sent yet), and
-    /// with `replan`, discards the session's cached plans first thing inside it.
+    /// A transaction of operation `op` that begins with `begin` (queued, not sent yet).
     pub(super) fn new(
         runtime: &'a Runtime,
         client: &'a Client,
-        statements: &'a mut HashMap<&'static str, Statement>,
+        statements: &'a mut HashMap<&'static str, Prepared>,
         target: &'a Target,
         op: &'a str,
-        begin: &'static str,
-        replan: bool,
+        begin: Cow<'static, str>,
     ) -> Self {
         Self {
-            pipe: Pipeline::new(runtime, client, begin, replan),
+            pipe: Pipeline::new(runtime, client, begin),
             statements: RefCell::new(statements),
             target,
             op: Cell::new(op),
@@ -215,14 +214,20 @@ impl<'a> Tx<'a> {
         err
     }
 
-    fn statement(&self, text: &'static str, interpret: bool) -> DbResult<Statement> {
+    /// `text` as this session sends it: prepared at its first use (a round trip of its own),
+    /// or behind a transaction-mode pooler its rewritten text, sent unnamed each time.
+    fn statement(&self, text: &'static str, interpret: bool) -> DbResult<Prepared> {
         if let Some(s) = self.statements.borrow().get(text) {
             return Ok(s.clone());
         }
-        let prepared = self
-            .pipe
-            .prepare(&placeholders(text))
-            .map_err(|e| self.classify(&e, interpret))?;
+        let prepared = if self.target.pooled {
+            Prepared::Unnamed(placeholders(text).into())
+        } else {
+            self.pipe
+                .prepare(&placeholders(text))
+                .map(Prepared::Named)
+                .map_err(|e| self.classify(&e, interpret))?
+        };
         self.statements.borrow_mut().insert(text, prepared.clone());
         Ok(prepared)
     }

@@ -214,14 +214,19 @@ def bench_pg_dispatchers_one_run(benchmark: Any, procs: int) -> None:
     group = f"postgres normal: {DISPATCH_THREADS} callers per process, all on one run"
     impl = f"fencepost {procs}x{DISPATCH_THREADS}"
     label(benchmark, group, impl, procs * DISPATCH_THREADS * DISPATCH_UNITS)
-    out: dict[str, Any] = {}
     with pg_schema() as schema_url:
-        url = plaintext(schema_url)
+        _dispatch_round(benchmark, plaintext(schema_url), procs)
 
-        def go() -> None:
-            out.update(dispatch_throughput(url, procs, DISPATCH_THREADS, DISPATCH_UNITS))
 
-        benchmark.pedantic(go, rounds=1, iterations=1)
+def _dispatch_round(benchmark: Any, url: str, procs: int) -> None:
+    """One timed round of ``procs`` dispatcher processes x 16 callers on ``url``, its figures
+    in ``extra_info`` (benches/ratios.py's dispatcher table)."""
+    out: dict[str, Any] = {}
+
+    def go() -> None:
+        out.update(dispatch_throughput(url, procs, DISPATCH_THREADS, DISPATCH_UNITS))
+
+    benchmark.pedantic(go, rounds=1, iterations=1)
     benchmark.extra_info.update(
         procs=procs,
         callers_per_process=DISPATCH_THREADS,
@@ -348,15 +353,20 @@ def pgbouncer() -> Iterator[str]:
 POOLER_IMPLS = ["fencepost", "fencepost pooler mode, direct", "fencepost pooler mode, pgbouncer"]
 
 
+def _pooler_url(impl: str, pgbouncer: str, schema_url: str) -> str:
+    """The URL of ``schema_url``'s schema the way ``impl`` opens it (plaintext)."""
+    url = plaintext(schema_url)
+    if impl != "fencepost":
+        url += "&pooler=transaction"
+    if impl.endswith("pgbouncer"):
+        url = pgbouncer + "?" + url.partition("?")[2]
+    return url
+
+
 @contextlib.contextmanager
 def _pooler_ledger(impl: str, pgbouncer: str) -> Iterator[fp.Ledger]:
-    with pg_schema() as url:
-        if impl != "fencepost":
-            url += "&pooler=transaction"
-        if impl.endswith("pgbouncer"):
-            url = pgbouncer + "?" + url.partition("?")[2]
-        with fp.Ledger.open(plaintext(url)) as ledger:
-            yield ledger
+    with pg_schema() as url, fp.Ledger.open(_pooler_url(impl, pgbouncer, url)) as ledger:
+        yield ledger
 
 
 @pytest.mark.parametrize("impl", POOLER_IMPLS)
@@ -387,20 +397,5 @@ def bench_pg_dispatchers_pooler(benchmark: Any, impl: str, pgbouncer: str) -> No
     procs = 4
     group = f"postgres normal: {procs}x{DISPATCH_THREADS} callers on one run, direct vs pooler"
     label(benchmark, group, impl, procs * DISPATCH_THREADS * DISPATCH_UNITS)
-    out: dict[str, Any] = {}
     with pg_schema() as schema_url:
-        url = plaintext(schema_url)
-        if impl != "fencepost":
-            url = pgbouncer + "?" + url.partition("?")[2] + "&pooler=transaction"
-
-        def go() -> None:
-            out.update(dispatch_throughput(url, procs, DISPATCH_THREADS, DISPATCH_UNITS))
-
-        benchmark.pedantic(go, rounds=1, iterations=1)
-    benchmark.extra_info.update(
-        procs=procs,
-        callers_per_process=DISPATCH_THREADS,
-        dispatch_units_per_s=round(out["units"] / out["wall"]),
-        cpu_busy=out["cpu_busy"],
-        per_process=out["per_process"],
-    )
+        _dispatch_round(benchmark, _pooler_url(impl, pgbouncer, schema_url), procs)

@@ -174,3 +174,22 @@ def test_an_unknown_pooler_mode_is_refused_naming_the_argument(schema: str) -> N
             "SELECT count(*) FROM pg_tables WHERE schemaname = %s", (schema,)
         ).fetchone()
     assert found == (0,)
+
+
+def test_a_failed_read_outside_a_transaction_leaves_the_shared_session_usable(
+    one_session: str, schema: str
+) -> None:
+    url = f"{one_session}?schema={schema}&pooler=transaction"
+    with fp.Ledger.open(url) as ledger:
+        run_id = ledger.start_run("wf", scope_key=None, steps=[{"id": "s"}], force=True).run_id
+        with psycopg.connect(PG_URL.partition("?")[0], autocommit=True) as direct:
+            direct.execute(f'ALTER TABLE "{schema}".blobs RENAME TO blobs_away')
+            try:
+                # The integrity check's probes run in a transaction of their own; one fails.
+                with pytest.raises(fp.StoreError, match="blobs"):
+                    ledger.integrity_check()
+            finally:
+                direct.execute(f'ALTER TABLE "{schema}".blobs_away RENAME TO blobs')
+        # The one server session is not left in the failed transaction: the next calls run.
+        assert ledger.get_run(run_id) is not None
+        assert ledger.integrity_check() == ["ok"]

@@ -247,7 +247,14 @@ impl PgStore {
         let Some(client) = self.client.as_ref() else {
             return Ok(Vec::new());
         };
-        let messages = self.runtime.block_on(client.simple_query(&text))?;
+        let answered = self.runtime.block_on(client.simple_query(&text));
+        if answered.is_err() && self.target.pooled && !client.is_closed() {
+            // A failed statement leaves its transaction open and aborted, and the pooler keeps
+            // the server session with this client until it ends: end it here, or the next
+            // transaction would be refused. If this fails too, the session is gone anyway.
+            let _ = self.runtime.block_on(client.batch_execute("ROLLBACK"));
+        }
+        let messages = answered?;
         Ok(messages
             .iter()
             .filter_map(|m| match m {

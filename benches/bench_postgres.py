@@ -355,12 +355,12 @@ POOLER_IMPLS = ["fencepost", "fencepost pooler mode, direct", "fencepost pooler 
 
 def _pooler_url(impl: str, pgbouncer: str, schema_url: str) -> str:
     """The URL of ``schema_url``'s schema the way ``impl`` opens it (plaintext)."""
+    from tests.pgbouncer import through
+
     url = plaintext(schema_url)
-    if impl != "fencepost":
-        url += "&pooler=transaction"
     if impl.endswith("pgbouncer"):
-        url = pgbouncer + "?" + url.partition("?")[2]
-    return url
+        return through(pgbouncer, url)
+    return url if impl == "fencepost" else url + "&pooler=transaction"
 
 
 @contextlib.contextmanager

@@ -162,10 +162,11 @@ def fresh_target(
     ``pgbouncer`` such a schema through PgBouncer in transaction mode."""
     if kind == "pgbouncer":
         assert request is not None
-        pooled = request.getfixturevalue("pgbouncer_url")
+        from tests.pgbouncer import through
+
+        pooler = request.getfixturevalue("pgbouncer_url")
         with pg_schema() as url:
-            query = url.partition("?")[2]
-            yield f"{pooled}?{query}&pooler=transaction"
+            yield through(pooler, url)
     elif kind == "postgres":
         with pg_schema() as url:
             yield url

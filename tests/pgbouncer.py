@@ -18,6 +18,8 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 
+from tests.pgcluster import free_port
+
 # Enough server sessions for the race tests' processes, each holding one while in a
 # transaction; far fewer than clients, as a pooler is used.
 POOL_SIZE = 20
@@ -33,12 +35,6 @@ def missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def bouncer(server_url: str, pool_size: int = POOL_SIZE) -> Iterator[str]:
     """PgBouncer in transaction mode in front of ``server_url``'s server, with at most
@@ -50,7 +46,7 @@ def bouncer(server_url: str, pool_size: int = POOL_SIZE) -> Iterator[str]:
     parts = urllib.parse.urlsplit(server_url)
     user = parts.username or "postgres"
     database = parts.path.lstrip("/") or user
-    port = _free_port()
+    port = free_port()
     root = pathlib.Path(tempfile.mkdtemp(prefix="fencepost-pgbouncer-"))
     (root / "users.txt").write_text(f'"{user}" ""\n')
     (root / "pgbouncer.ini").write_text(
@@ -86,6 +82,12 @@ def bouncer(server_url: str, pool_size: int = POOL_SIZE) -> Iterator[str]:
             proc.kill()
             proc.wait(10)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def through(pooler_url: str, ledger_url: str) -> str:
+    """``ledger_url``'s ledger (its query: schema and the rest) reached through the pooler at
+    ``pooler_url``, in the ledger's pooler mode."""
+    return f"{pooler_url}?{ledger_url.partition('?')[2]}&pooler=transaction"
 
 
 def _wait_for(port: int, proc: subprocess.Popen[bytes], root: pathlib.Path) -> None:

@@ -45,7 +45,8 @@ def missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -110,7 +111,7 @@ def cluster() -> Iterator[Cluster]:
     root = pathlib.Path(tempfile.mkdtemp(prefix="fencepost-pg-"))
     user = pwd.getpwnam("postgres")
     os.chown(root, user.pw_uid, user.pw_gid)
-    c = Cluster(root, _free_port(), _free_port())
+    c = Cluster(root, free_port(), free_port())
     try:
         primary = root / "primary"
         c.run("initdb", "-D", str(primary), "-A", "trust", "-U", "postgres", "--no-sync")

@@ -134,9 +134,12 @@ fn list(
 }
 
 /// A list of strings as one JSON array parameter (read back with `json_each`).
-pub fn json_array(items: &[String]) -> String {
+pub fn json_array<S: AsRef<str>>(items: &[S]) -> String {
     into_text(to_vec(&Value::Array(
-        items.iter().map(|s| Value::Str(s.clone())).collect(),
+        items
+            .iter()
+            .map(|s| Value::Str(s.as_ref().to_owned()))
+            .collect(),
     )))
 }
 

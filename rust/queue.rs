@@ -22,7 +22,7 @@ use crate::runs;
 use crate::status::RunStatus;
 use crate::store::rows::Writes;
 use crate::store::{sql, DbResult, Row, Store, Tx};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{HashMap, HashSet};
 
 /// `reserve_run`'s arguments, canonicalized before the transaction.
 #[derive(Debug, Clone)]
@@ -562,6 +562,10 @@ fn candidate(r: &dyn Row) -> DbResult<Candidate> {
     })
 }
 
+/// How many keys past those a claim needs are offered to the lock in the same round trip, in
+/// claim order, for when keys before them are held by other claimers (see [`key_room`]).
+const KEYS_AHEAD: usize = 8;
+
 /// The room of each key the claim may reach in `found` (sorted), asked for only as the claim
 /// reaches it: walking the candidates as the claim will, a key not asked yet counts as having
 /// room, and the keys met that way before the claim is full are locked and counted together,
@@ -574,6 +578,15 @@ fn candidate(r: &dyn Row) -> DbResult<Candidate> {
 /// from it and not committed yet): that key has no room for this call and its runs are passed
 /// over, as a run another claimer holds is. So claimers never wait for one another, and never
 /// in a cycle; a claim that locked a key counts every claim of it committed before.
+///
+/// Claimers that start together read the same candidates in the same order, so each finds the
+/// keys at the front held by the others. The lock is therefore offered the keys the claim needs
+/// followed by the next [`KEYS_AHEAD`] keys in claim order, and takes the first of them it can
+/// lock, as many as the claim needs: a held key is passed over in the same round trip rather
+/// than costing one more each (a claim that found its first k keys held went round k more
+/// times). It never locks more keys than the claim needs, and a key it locks past a held one is
+/// the key the walk would have gone on to next. The count covers every key offered, as the
+/// count cannot know which the lock took; counting a few keys costs less than a round trip.
 fn key_room(
     tx: &dyn Tx,
     found: &[Candidate],
@@ -582,57 +595,79 @@ fn key_room(
 ) -> Result<HashMap<String, i64>> {
     let mut room: HashMap<String, i64> = HashMap::new();
     loop {
-        let mut wanted = BTreeSet::new();
+        // The keys not counted yet, in the order the walk meets them; the first `need` of them
+        // are the ones the claim reaches if every key has room.
+        let mut order: Vec<&str> = Vec::new();
+        let mut ordered: HashSet<&str> = HashSet::new();
+        let mut need = 0;
         let mut left: HashMap<&str, i64> = HashMap::new();
         let mut taken = 0;
         for f in found {
-            if taken >= limit {
-                break;
-            }
             let Some(key) = &f.key else {
                 taken += 1;
                 continue;
             };
             if let Some(&known) = room.get(key) {
                 let slots = left.entry(key).or_insert(known);
-                if *slots > 0 {
+                if *slots > 0 && taken < limit {
                     *slots -= 1;
                     taken += 1;
                 }
-            } else {
-                wanted.insert(key.clone());
+            } else if ordered.insert(key) {
+                if taken < limit {
+                    need += 1;
+                } else if order.len() >= need + KEYS_AHEAD {
+                    break;
+                }
+                order.push(key);
+                taken += 1;
+            } else if taken < limit {
                 taken += 1;
             }
         }
-        if wanted.is_empty() {
+        if need == 0 {
             return Ok(room);
         }
-        let json = events::json_array(&wanted.iter().cloned().collect::<Vec<_>>());
-        let mut locked = BTreeSet::new();
+        let json = events::json_array(&order);
+        let need_n = i64::try_from(need).unwrap_or(i64::MAX);
+        let mut locked = Vec::new();
         let mut counted = HashMap::new();
         let statements: [(&crate::store::Sql, &[&dyn crate::store::ToSql]); 2] = [
-            (&sql::LOCK_KEYS_SQL, params![json]),
+            (&sql::LOCK_KEYS_SQL, params![json, need_n]),
             (&sql::KEY_ROOM_SQL, params![json, now_ms]),
         ];
         tx.query_many(&statements, &mut |i, r| {
             if i == 0 {
-                locked.insert(r.get::<String>(0)?);
+                locked.push(r.get::<String>(0)?);
             } else {
                 counted.insert(r.get::<String>(0)?, r.get::<i64>(1)?);
             }
             Ok(())
         })
         .map_err(|e| tx.fail(&e))?;
-        for key in wanted {
-            let slots = match counted.get(&key) {
+        // The lock tried the keys in order until it held `need` of them: every key before the
+        // last one locked was tried, and every key if it locked fewer.
+        let tried = if locked.len() < need {
+            order.len()
+        } else {
+            locked
+                .iter()
+                .filter_map(|k| order.iter().position(|o| o == k))
+                .max()
+                .map_or(0, |p| p + 1)
+        };
+        for (i, key) in order.iter().enumerate() {
+            let slots = match counted.get(*key) {
                 // No limit row (a rescued run's key that has none, or a limit removed
                 // meanwhile): nothing to count against.
                 None => i64::MAX,
-                Some(&n) if locked.contains(&key) => n,
+                Some(&n) if locked.iter().any(|k| k == key) => n,
                 // Held by another claimer: no room for this call.
-                Some(_) => 0,
+                Some(_) if i < tried => 0,
+                // Not reached by the lock: asked again if the claim gets this far.
+                Some(_) => continue,
             };
-            room.insert(key, slots);
+            room.insert((*key).to_owned(), slots);
         }
     }
 }

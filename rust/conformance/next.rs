@@ -193,3 +193,78 @@ fn a_key_is_counted_only_when_a_claim_may_reach_it() {
         ]
     );
 }
+
+/// Claimers that start together meet the same keys first: a key another claimer holds is
+/// passed over in the round trip that locks the keys, not in one round trip each. Keys `a` and
+/// `b` come first in claim order and are held by another session; the claim takes `c`'s run in
+/// the round trips of a claim whose first key was free (read, lock and count, write).
+#[cfg(feature = "postgres")]
+#[test]
+fn keys_held_by_other_claimers_are_passed_over_in_one_round_trip() {
+    use crate::store::testing::postgres_url;
+    use crate::store::{open, OpenOptions};
+
+    const HOLD_KEYS: Sql = Sql::same(
+        "SELECT concurrency_key FROM concurrency_limits
+        WHERE concurrency_key IN ('a', 'b') FOR UPDATE",
+    );
+    let (mut store, schema) = crate::store::testing::postgres_fresh();
+    let store = store.as_mut();
+    let mut other = open(
+        None,
+        Some(&postgres_url()),
+        Some(schema.schema()),
+        &OpenOptions::default(),
+        0,
+    )
+    .expect("a second session");
+    for key in ["a", "b", "c"] {
+        queue::set_concurrency_limit(store, key, Some(5), T0).expect("limit");
+    }
+    for (run, priority, key) in [
+        ("warm0", 3, "c"),
+        ("warm1", 3, "c"),
+        ("a0", 2, "a"),
+        ("b0", 1, "b"),
+        ("c0", 0, "c"),
+    ] {
+        let mut q = queued(run);
+        q.priority = priority;
+        q.concurrency_key = Some(key.to_owned());
+        queue::reserve_run(store, &q, T0).expect("reserve_run");
+    }
+    let trips = |store: &mut dyn Store| {
+        store
+            .read("counting round trips", |tx| Ok(tx.round_trips()))
+            .expect("round trips")
+    };
+    // The first claims prepare every statement; each locks and counts its key in one trip.
+    for warm in ["warm0", "warm1"] {
+        let before = trips(store);
+        let got = next(store, 1, T0 + 20);
+        assert_eq!(got[0].run_id, warm);
+        if warm == "warm1" {
+            assert_eq!(trips(store) - before, 3, "read, lock and count, write");
+        }
+    }
+    let (spent, got) = other
+        .write("holding two keys", |tx| {
+            let held = tx.rows(&HOLD_KEYS, params![], |r| r.get::<String>(0))?;
+            assert_eq!(held.len(), 2);
+            let before = trips(store);
+            let got: Vec<String> = next(store, 1, T0 + 20)
+                .into_iter()
+                .map(|c| c.run_id)
+                .collect();
+            Ok((trips(store) - before, got))
+        })
+        .expect("held");
+    assert_eq!(got, ["c0"], "a and b are held: their runs are passed over");
+    assert_eq!(spent, 3, "read, lock and count (past a and b), write");
+    // Released, the keys' runs are claimed in order again.
+    let got: Vec<String> = next(store, 2, T0 + 20)
+        .into_iter()
+        .map(|c| c.run_id)
+        .collect();
+    assert_eq!(got, ["a0", "b0"]);
+}

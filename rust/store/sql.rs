@@ -910,20 +910,26 @@ pub const RESCUABLE_SQL: Sql = Sql::split(
       AND NOT EXISTS (SELECT 1 FROM paused_workflows p WHERE p.workflow_name = r.workflow_name)
     ORDER BY x.expires_at, r.run_id COLLATE \"C\"",
 );
-/// Lock the limits of the keys ?1 (a JSON array) until the transaction ends, skipping those
-/// another transaction holds, and return the keys locked: on PostgreSQL, whoever counts a key's
-/// live runs next ([`KEY_ROOM_SQL`], a statement of its own, so its snapshot is taken after the
-/// lock is granted) sees every claim of that key committed before, and a key another claimer
-/// holds is passed over rather than waited for (no claimer waits on another, so none waits in
-/// a cycle). A row lock, not an advisory lock: it needs no key-to-number hash and holds through
-/// transaction-mode poolers all the same. SQLite has one writer, so there is nothing to lock:
-/// every key that has a limit is its own.
+/// Lock the limits of the first ?2 keys of ?1 (a JSON array, in claim order) that no other
+/// transaction holds, until the transaction ends, and return the keys locked, in that order:
+/// on PostgreSQL, whoever counts a key's live runs next ([`KEY_ROOM_SQL`], a statement of its
+/// own, so its snapshot is taken after the lock is granted) sees every claim of that key
+/// committed before, and a key another claimer holds is passed over rather than waited for (no
+/// claimer waits on another, so none waits in a cycle). The locking sits under the `LIMIT`, so
+/// a held key is skipped and the next one in order tried in the same statement, as a queue's
+/// `ORDER BY ... LIMIT ... FOR UPDATE SKIP LOCKED` takes the first free row. A row lock, not an
+/// advisory lock: it needs no key-to-number hash and holds through transaction-mode poolers
+/// all the same. SQLite has one writer, so there is nothing to lock: the first ?2 keys that
+/// have a limit are its own.
 pub const LOCK_KEYS_SQL: Sql = Sql::split(
-    "SELECT concurrency_key FROM concurrency_limits
-    WHERE concurrency_key IN (SELECT value FROM json_each(?1))",
-    "SELECT concurrency_key FROM concurrency_limits
-    WHERE concurrency_key IN (SELECT jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb))
-    FOR UPDATE SKIP LOCKED",
+    "SELECT c.concurrency_key FROM json_each(?1) w
+    JOIN concurrency_limits c ON c.concurrency_key = w.value
+    ORDER BY w.key LIMIT ?2",
+    "SELECT c.concurrency_key
+    FROM jsonb_array_elements_text(CAST(?1 AS TEXT)::jsonb) WITH ORDINALITY AS w(key, n)
+    JOIN concurrency_limits c ON c.concurrency_key = w.key
+    ORDER BY w.n LIMIT CAST(?2 AS BIGINT)
+    FOR UPDATE OF c SKIP LOCKED",
 );
 /// The runs of the key `c.concurrency_key` that hold live leases at ?2: out of the queue, not
 /// ended, lease expiring after ?2. The key's range of `runs_key_live`, each lease a primary-key

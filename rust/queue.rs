@@ -645,15 +645,15 @@ fn key_room(
             Ok(())
         })
         .map_err(|e| tx.fail(&e))?;
-        // The lock tried the keys in order until it held `need` of them: every key before the
-        // last one locked was tried, and every key if it locked fewer.
+        // The lock tried the keys in order until it held `need` of them, and returns them in
+        // that order: every key up to the last one locked was tried, and every key if it
+        // locked fewer.
         let tried = if locked.len() < need {
             order.len()
         } else {
             locked
-                .iter()
-                .filter_map(|k| order.iter().position(|o| o == k))
-                .max()
+                .last()
+                .and_then(|k| order.iter().position(|o| o == k))
                 .map_or(0, |p| p + 1)
         };
         for (i, key) in order.iter().enumerate() {

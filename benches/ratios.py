@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import statistics
 import sys
 from collections import defaultdict
 from typing import Any
@@ -20,7 +21,7 @@ def main(path: str) -> int:
     groups: dict[str, dict[str, float]] = defaultdict(dict)
     for b in data["benchmarks"]:
         info = b["extra_info"]
-        if "units_per_s" in info or "queue_claims_per_s" in info:
+        if "units_per_s" in info or "cycles" in info or "large_over_small" in info:
             continue  # one figure per caller count: the curves below
         impl = info.get("impl") or b["name"].split("[")[0]
         groups[b["group"] or b["name"]][impl] = b["stats"]["median"] * 1e6 / info.get("ops", 1)
@@ -56,44 +57,79 @@ def main(path: str) -> int:
         [b["extra_info"] for b in data["benchmarks"] if "dispatch_units_per_s" in b["extra_info"]]
     )
     waits([b["extra_info"] for b in data["benchmarks"]])
-    queue([b["extra_info"] for b in data["benchmarks"] if "queue_claims_per_s" in b["extra_info"]])
+    queue([b["extra_info"] for b in data["benchmarks"] if "cycles" in b["extra_info"]])
+    retry_reads([b["extra_info"] for b in data["benchmarks"]])
     return 0
 
 
-def queue(rows: list[dict[str, Any]]) -> None:
-    """bench_queue: items taken and finished per second by 1, 4 and 8 processes from a small
-    and a large backlog, with and without key limits, fencepost and pgqueuer; then the ratios
-    its targets are stated in."""
+def retry_reads(infos: list[dict[str, Any]]) -> None:
+    """bench_retries' reads: µs per read on the small and the large ledger, timed side by side,
+    and the median of the rounds' own ratios."""
+    rows = [i for i in infos if "large_over_small" in i]
     if not rows:
         return
+    print()
+    print("| due and exhausted pages | µs per read, small | µs per read, large | large / small |")
+    print("|---|--:|--:|--:|")
+    for i in rows:
+        us = i["us_per_read"]
+        print(
+            f"| {i['backend']}, {i['small']:,} and {i['large']:,} units | {us[str(i['small'])]} "
+            f"| {us[str(i['large'])]} | {i['large_over_small']:.2f}x |"
+        )
+
+
+def queue(infos: list[dict[str, Any]]) -> None:
+    """bench_queue: items taken and finished per second by 1, 4 and 8 processes from a small
+    and a large backlog, with and without key limits, fencepost and pgqueuer; then the ratios
+    its targets are stated in, each taken within a cycle (a round on every backlog, side by
+    side) and the median over cycles printed."""
+    if not infos:
+        return
     rate = {
-        (r["impl"], r["backlog"], r["limits"], r["procs"]): r["queue_claims_per_s"] for r in rows
+        (b["impl"], b["backlog"], b["limits"], i["procs"]): b["queue_claims_per_s"]
+        for i in infos
+        for b in i["backlogs"]
     }
-    small, large = min(r["backlog"] for r in rows), max(r["backlog"] for r in rows)
+    cycles = {i["procs"]: i["cycles"] for i in infos}
+    sizes = {b["backlog"] for i in infos for b in i["backlogs"]}
+    small, large = min(sizes), max(sizes)
+
+    def paired(procs: int, a: tuple[str, int, bool], b: tuple[str, int, bool]) -> str:
+        """The median over cycles of backlog ``a``'s rate over backlog ``b``'s."""
+        x, y = (f"{impl}-{n}-limits-{limits}" for impl, n, limits in (a, b))
+        ratios = [c[x] / c[y] for c in cycles[procs] if c.get(x) and c.get(y)]
+        return f"{statistics.median(ratios):.2f}x" if ratios else "-"
+
     print()
     print(f"claim_next vs pgqueuer dequeue, items/s (backlogs of {small:,} and {large:,})")
     print()
     print(
         "| limits | processes | fencepost small | fencepost large | large / small "
         "| pgqueuer small | pgqueuer large | fencepost / pgqueuer (small, large) "
-        "| limits / none (fencepost) |"
+        "| limits / none (small, large) |"
     )
     print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
     for limits in (False, True):
-        for procs in sorted({r["procs"] for r in rows}):
-            f = [rate.get(("fencepost", n, limits, procs)) for n in (small, large)]
-            q = [rate.get(("pgqueuer", n, limits, procs)) for n in (small, large)]
-            if None in f or None in q:
-                continue
-            free = [rate.get(("fencepost", n, False, procs)) for n in (small, large)]
+        for procs in sorted(cycles):
+            f = [rate.get(("fencepost", n, limits, procs), "-") for n in (small, large)]
+            q = [rate.get(("pgqueuer", n, limits, procs), "-") for n in (small, large)]
+            vs_peer = ", ".join(
+                paired(procs, ("fencepost", n, limits), ("pgqueuer", n, limits))
+                for n in (small, large)
+            )
             vs_none = (
-                " / ".join(f"{a / b:.2f}x" for a, b in zip(f, free, strict=True) if b)
+                " / ".join(
+                    paired(procs, ("fencepost", n, True), ("fencepost", n, False))
+                    for n in (small, large)
+                )
                 if limits
                 else ""
             )
+            grows = paired(procs, ("fencepost", large, limits), ("fencepost", small, limits))
             print(
-                f"| {'on' if limits else 'off'} | {procs} | {f[0]} | {f[1]} | {f[1] / f[0]:.2f}x "
-                f"| {q[0]} | {q[1]} | {f[0] / q[0]:.2f}x, {f[1] / q[1]:.2f}x | {vs_none} |"
+                f"| {'on' if limits else 'off'} | {procs} | {f[0]} | {f[1]} | {grows} "
+                f"| {q[0]} | {q[1]} | {vs_peer} | {vs_none} |"
             )
 
 

@@ -268,7 +268,6 @@ def _pgqueuer_backlog(n: int) -> Iterator[str]:
         peer.close()
 
 
-IMPLS = ("fencepost", "pgqueuer")
 LIMITS = (False, True)
 # One backlog: (impl, size, limits).
 Side = tuple[str, int, bool]

@@ -21,7 +21,7 @@ def main(path: str) -> int:
     groups: dict[str, dict[str, float]] = defaultdict(dict)
     for b in data["benchmarks"]:
         info = b["extra_info"]
-        if "units_per_s" in info or "cycles" in info or "large_over_small" in info:
+        if "units_per_s" in info or "cycles" in info or "backend" in info:
             continue  # one figure per caller count: the curves below
         impl = info.get("impl") or b["name"].split("[")[0]
         groups[b["group"] or b["name"]][impl] = b["stats"]["median"] * 1e6 / info.get("ops", 1)
@@ -63,8 +63,17 @@ def main(path: str) -> int:
 
 
 def retry_reads(infos: list[dict[str, Any]]) -> None:
-    """bench_retries' reads: µs per read on the small and the large ledger, timed side by side,
-    and the median of the rounds' own ratios."""
+    """bench_retries: the failing cycle with a policy and without, and the reads on the small
+    and the large ledger, each pair timed side by side, with the median of the rounds' own
+    ratios."""
+    for i in infos:
+        if "policy_over_none" in i:
+            us = i["us_per_cycle"]
+            print()
+            print(
+                f"Failing cycle, {i['backend']}: {us['none']} µs without a policy, "
+                f"{us['policy']} with one: {i['policy_over_none']:.2f}x"
+            )
     rows = [i for i in infos if "large_over_small" in i]
     if not rows:
         return

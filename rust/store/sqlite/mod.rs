@@ -7,6 +7,7 @@ mod busy;
 mod checkpoint;
 mod errors;
 mod tx;
+mod vfs;
 
 use std::sync::Arc;
 
@@ -101,6 +102,7 @@ impl SqliteStore {
         }
         configure_process();
         let mut conn = match path {
+            Some(p) if vfs::register() => Connection::open_with_flags_and_vfs(p, flags, vfs::NAME),
             Some(p) => Connection::open_with_flags(p, flags),
             None => Connection::open_in_memory(),
         }

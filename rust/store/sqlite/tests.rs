@@ -5,7 +5,7 @@ use super::*;
 use crate::params;
 use crate::store::{Durability, FailureScope, Savepoint, Sql, Store};
 
-fn temp_path(name: &str) -> String {
+pub(super) fn temp_path(name: &str) -> String {
     let dir = std::env::temp_dir().join(format!(
         "fencepost-test-{}-{}-{name}",
         std::process::id(),

@@ -315,69 +315,26 @@ unsafe fn settle(f: *mut ffi::sqlite3_file) -> c_int {
     }
 }
 
-unsafe extern "C" fn x_read(
-    f: *mut ffi::sqlite3_file,
-    data: *mut c_void,
-    amt: c_int,
-    offset: i64,
-) -> c_int {
-    // SAFETY: a wrapped file; then passed on as SQLite made the call.
-    unsafe {
-        let rc = settle(f);
-        if rc != ffi::SQLITE_OK {
-            return rc;
+/// Methods that read or move a WAL's file: what is gathered is written first.
+macro_rules! settled {
+    ($name:ident, $field:ident, ($($arg:ident: $ty:ty),*)) => {
+        unsafe extern "C" fn $name(f: *mut ffi::sqlite3_file, $($arg: $ty),*) -> c_int {
+            // SAFETY: a wrapped file; then the platform's method with SQLite's own arguments.
+            unsafe {
+                let rc = settle(f);
+                if rc != ffi::SQLITE_OK {
+                    return rc;
+                }
+                (inner(f).$field.expect(stringify!($field)))(f, $($arg),*)
+            }
         }
-        (inner(f).xRead.expect("a file reads"))(f, data, amt, offset)
-    }
+    };
 }
-
-unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, size: i64) -> c_int {
-    // SAFETY: as `x_read`.
-    unsafe {
-        let rc = settle(f);
-        if rc != ffi::SQLITE_OK {
-            return rc;
-        }
-        (inner(f).xTruncate.expect("a file truncates"))(f, size)
-    }
-}
-
-unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
-    // SAFETY: as `x_read`.
-    unsafe {
-        let rc = settle(f);
-        if rc != ffi::SQLITE_OK {
-            return rc;
-        }
-        (inner(f).xSync.expect("a file syncs"))(f, flags)
-    }
-}
-
-unsafe extern "C" fn x_file_size(f: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
-    // SAFETY: as `x_read`.
-    unsafe {
-        let rc = settle(f);
-        if rc != ffi::SQLITE_OK {
-            return rc;
-        }
-        (inner(f).xFileSize.expect("a file has a size"))(f, size)
-    }
-}
-
-unsafe extern "C" fn x_file_control(
-    f: *mut ffi::sqlite3_file,
-    op: c_int,
-    arg: *mut c_void,
-) -> c_int {
-    // SAFETY: as `x_read`.
-    unsafe {
-        let rc = settle(f);
-        if rc != ffi::SQLITE_OK {
-            return rc;
-        }
-        (inner(f).xFileControl.expect("a file takes controls"))(f, op, arg)
-    }
-}
+settled!(x_read, xRead, (data: *mut c_void, amt: c_int, offset: i64));
+settled!(x_truncate, xTruncate, (size: i64));
+settled!(x_sync, xSync, (flags: c_int));
+settled!(x_file_size, xFileSize, (size: *mut i64));
+settled!(x_file_control, xFileControl, (op: c_int, arg: *mut c_void));
 
 unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: a wrapped file, closed once: its `Extra` is read out (and so dropped here) before
@@ -465,16 +422,7 @@ mod tests {
     use rusqlite::{Connection, OpenFlags};
 
     fn temp_path(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "fencepost-vfs-{}-{name}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir.join("t.db")
+        super::super::tests::temp_path(name).into()
     }
 
     /// A connection through this VFS, in WAL mode with 1 KiB pages and `cache` pages of cache.

@@ -33,7 +33,7 @@ margins. So every timed round of ``bench_queue`` is one cycle: a round on each o
 backlogs (two sizes, limits off and on, fencepost and pgqueuer), in an order turned by one
 from cycle to cycle, and each ratio is taken within a cycle, then the median over cycles.
 pgqueuer's large backlogs join only the first ``PEER_LARGE_ROUNDS`` cycles: its dequeue takes
-2-6 items a second there, each such round runs the full ``ROUND_S``, and a few settle a gap of
+2-8 items a second there, each such round runs the full ``ROUND_S``, and a few settle a gap of
 two orders of magnitude. ``extra_info``: ``procs``, ``backlogs`` (per backlog: ``impl``,
 ``backlog``, ``limits``, ``queue_claims_per_s``, the median of its rounds, and ``rounds``) and
 ``cycles`` (each cycle's rates by backlog). benches/ratios.py prints the table.

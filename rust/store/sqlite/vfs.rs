@@ -48,6 +48,8 @@ const FRAME_HEADER: usize = 24;
 /// Gathered bytes past this are written at once: a transaction larger than the page cache
 /// spills frames before its commit, and memory stays bounded.
 const FLUSH_AT: usize = 4 << 20;
+/// What a WAL keeps allocated between commits.
+const KEEP: usize = 64 << 10;
 /// The most one platform write is handed: the unix VFS writes an amount modulo 128 KiB per
 /// system call (`nBuf &= 0x1ffff`), so 128 KiB exactly would write nothing and read as a full
 /// disk.
@@ -256,6 +258,9 @@ unsafe fn flush(f: *mut ffi::sqlite3_file) -> c_int {
         at += chunk.len();
     }
     e.buf.clear();
+    // A transaction past the page cache gathers up to FLUSH_AT; a commit's frames are a few
+    // KiB, and the connection keeps no more than that between commits.
+    e.buf.shrink_to(KEEP);
     e.commit_frame = false;
     ffi::SQLITE_OK
 }

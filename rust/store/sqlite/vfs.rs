@@ -12,27 +12,29 @@
 //! What must hold, and why it does:
 //! - *Nothing reads a frame before it is written.* Another connection reads frames only up to
 //!   the end its snapshot of the WAL index header names, and SQLite publishes that header only
-//!   after `walFrames` wrote the commit's frames: the commit frame (its header carries the
-//!   database size, nonzero only on a commit) is flushed as soon as its page is buffered, and
-//!   the index header's publication goes through this database's `xShmBarrier`, which
-//!   flushes what its WAL still holds (the checksum rewrites SQLite makes after the commit
-//!   frame when a transaction wrote a page twice). This connection's own reads, size
-//!   queries, truncations and syncs of the WAL flush first.
+//!   after `walFrames` wrote the commit's frames. Nothing of a commit is still gathered by
+//!   then: its commit frame (whose header carries the database size, nonzero only on a commit)
+//!   is written as soon as its page is gathered, and a frame written a second time (a page
+//!   that changed again after it spilled, the checksums SQLite rewrites after the commit frame)
+//!   goes straight through, after what was gathered. The publication goes through this
+//!   database's `xShmBarrier`, which flushes its WAL once more in case a path does otherwise.
+//!   This connection's own reads, size queries, truncations and syncs of the WAL flush first.
 //! - *A commit that returned is in the kernel*, as with the platform's VFS: a `kill -9` after
 //!   it loses nothing (`synchronous=NORMAL` promises no more; `FULL` syncs, and a sync
 //!   flushes first).
-//! - *A failed write is reported by the call that made it*: the flush at the commit frame is
-//!   inside SQLite's own write of it, so `SQLITE_FULL` or an I/O error fails the commit as it
-//!   would have. Only a flush at the barrier cannot answer (its method returns nothing); it
-//!   keeps its bytes and the WAL's next call flushes them again and answers the error.
-//! - Writes that do not follow the gathered ones (SQLite overwriting a frame of its own
-//!   transaction, a new log from its header) flush what is gathered first, so the file sees
-//!   every write in SQLite's order.
+//! - *A failed write is reported by the call that made it*, and its bytes are dropped: the
+//!   commit frame's flush is inside SQLite's own write of it, so `SQLITE_FULL` or an I/O error
+//!   fails the commit as it would have, and SQLite rolls it back.
+//! - *Nothing uncommitted reaches the file after the transaction.* A rolled-back transaction
+//!   may leave spilled frames gathered; they are dropped when its write lock is released, since
+//!   the next writer (another connection or process) appends at those same offsets.
+//! - Writes that do not follow the gathered ones flush what is gathered first, so the file
+//!   sees every write in SQLite's order.
 //!
-//! Every other file (the database itself, temporary files) keeps the platform's methods but
-//! for the database's `xShmBarrier` and `xClose`, which know their WAL. A database and its WAL
-//! are matched by the file name SQLite hands both opens (`sqlite3_filename_database` of the
-//! WAL's name is the database's name pointer).
+//! Every other file (temporary files) keeps the platform's methods; the database passes every
+//! call on but for `xShmBarrier`, `xShmLock` (the write lock's) and `xClose`, which know its
+//! WAL. A database and its WAL are matched by the file name SQLite hands both opens
+//! (`sqlite3_filename_database` of the WAL's name is the database's name pointer).
 
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
@@ -45,6 +47,10 @@ pub const NAME: &CStr = c"fencepost";
 
 /// A WAL frame's header, before its page.
 const FRAME_HEADER: usize = 24;
+/// The WAL file's header, at its start: written when a log begins.
+const WAL_HEADER: usize = 32;
+/// The shared-memory lock slot of the WAL's one writer (SQLite's `WAL_WRITE_LOCK`).
+const WRITE_LOCK: c_int = 0;
 /// Gathered bytes past this are written at once: a transaction larger than the page cache
 /// spills frames before its commit, and memory stays bounded.
 const FLUSH_AT: usize = 4 << 20;
@@ -74,6 +80,9 @@ struct Extra {
     /// Wal: the gathered writes, which start at `start` in the file.
     buf: Vec<u8>,
     start: i64,
+    /// Wal: the end of the furthest write of the transaction that holds the write lock (or of
+    /// its log, begun since): a write below it writes a frame again.
+    high: i64,
     /// Wal: the last write gathered was a commit frame's header (its page comes next).
     commit_frame: bool,
     /// Wal: the writes handed to the platform (read by the tests).
@@ -199,6 +208,7 @@ unsafe extern "C" fn open(
         peer: ptr::null_mut(),
         buf: Vec::new(),
         start: 0,
+        high: 0,
         commit_frame: false,
         writes: 0,
     };
@@ -233,36 +243,52 @@ unsafe extern "C" fn open(
     rc
 }
 
-/// Hand the gathered writes to the platform. On failure they stay gathered (the next call
-/// tries again), and the error is returned.
+/// The platform's write of `bytes` at `offset` of `f`, counted.
 ///
 /// # Safety
-/// `f` is a WAL file this VFS wrapped.
-unsafe fn flush(f: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: the caller's promise.
-    let e = unsafe { extra(f) };
+/// `f` is the wrapped file whose `Extra` is `e`.
+unsafe fn write_through(
+    f: *mut ffi::sqlite3_file,
+    e: &mut Extra,
+    bytes: &[u8],
+    offset: i64,
+) -> c_int {
+    let Ok(n) = c_int::try_from(bytes.len()) else {
+        return ffi::SQLITE_IOERR_WRITE;
+    };
+    e.writes += 1;
+    // SAFETY: the platform's write of `n` bytes the caller holds.
+    unsafe { ((*e.inner).xWrite.expect("a file writes"))(f, bytes.as_ptr().cast(), n, offset) }
+}
+
+/// Hand the gathered writes to the platform. On failure they are dropped and the error
+/// returned: SQLite fails the transaction that wrote them and rolls it back, and bytes kept
+/// would reach the file later, over frames another writer put there since.
+///
+/// # Safety
+/// `f` is the WAL file whose `Extra` is `e`.
+unsafe fn flush(f: *mut ffi::sqlite3_file, e: &mut Extra) -> c_int {
+    let buf = std::mem::take(&mut e.buf);
+    let mut rc = ffi::SQLITE_OK;
     let mut at = 0;
-    while at < e.buf.len() {
-        let chunk = &e.buf[at..e.buf.len().min(at + WRITE_AT_MOST)];
-        #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)] // <= FLUSH_AT
-        let (n, offset) = (chunk.len() as c_int, e.start + at as i64);
-        // SAFETY: the platform's write of bytes this struct owns.
-        let rc = unsafe {
-            ((*e.inner).xWrite.expect("a file writes"))(f, chunk.as_ptr().cast(), n, offset)
-        };
-        e.writes += 1;
-        if rc != ffi::SQLITE_OK {
-            // What was written stays gathered too: writing it again is harmless.
-            return rc;
-        }
+    while at < buf.len() && rc == ffi::SQLITE_OK {
+        let chunk = &buf[at..buf.len().min(at + WRITE_AT_MOST)];
+        #[allow(clippy::cast_possible_wrap)] // at most FLUSH_AT plus one write
+        let offset = e.start + at as i64;
+        // SAFETY: the caller's promise.
+        rc = unsafe { write_through(f, e, chunk, offset) };
         at += chunk.len();
     }
+    e.buf = buf;
+    discard(e);
+    rc
+}
+
+/// Drop what is gathered. A transaction past the page cache gathers up to `FLUSH_AT`; a
+/// commit's frames are a few KiB, and the connection keeps no more than that between commits.
+fn discard(e: &mut Extra) {
     e.buf.clear();
-    // A transaction past the page cache gathers up to FLUSH_AT; a commit's frames are a few
-    // KiB, and the connection keeps no more than that between commits.
     e.buf.shrink_to(KEEP);
-    e.commit_frame = false;
-    ffi::SQLITE_OK
 }
 
 unsafe extern "C" fn x_write(
@@ -276,17 +302,35 @@ unsafe extern "C" fn x_write(
     let Ok(len) = usize::try_from(amt) else {
         return ffi::SQLITE_IOERR_WRITE;
     };
-    if e.kind != Kind::Wal {
-        // SAFETY: passed on as SQLite made the call.
-        return unsafe { (inner(f).xWrite.expect("a file writes"))(f, data, amt, offset) };
-    }
     // SAFETY: SQLite's buffer of `amt` bytes.
     let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
+    if e.kind != Kind::Wal {
+        // SAFETY: passed on as SQLite made the call.
+        return unsafe { write_through(f, e, bytes, offset) };
+    }
+    let end = offset + i64::from(amt);
+    if offset == 0 && len == WAL_HEADER {
+        // A new log: its frames follow from here.
+        e.high = 0;
+    }
+    if offset < e.high {
+        // A frame of this transaction written again (a page changed after it spilled, the
+        // checksums SQLite rewrites after the commit frame): straight through, after what is
+        // gathered, so the file sees SQLite's order and this call answers any error. Nothing
+        // is left gathered once the commit frame is written.
+        // SAFETY: `f` is this WAL.
+        let rc = unsafe { flush(f, e) };
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        // SAFETY: as above.
+        return unsafe { write_through(f, e, bytes, offset) };
+    }
     #[allow(clippy::cast_possible_wrap)] // at most FLUSH_AT plus one write
     let follows = e.start + e.buf.len() as i64 == offset;
     if !e.buf.is_empty() && !follows {
         // SAFETY: `f` is this WAL.
-        let rc = unsafe { flush(f) };
+        let rc = unsafe { flush(f, e) };
         if rc != ffi::SQLITE_OK {
             return rc;
         }
@@ -295,13 +339,14 @@ unsafe extern "C" fn x_write(
         e.start = offset;
     }
     e.buf.extend_from_slice(bytes);
+    e.high = e.high.max(end);
     let ends_commit = std::mem::take(&mut e.commit_frame);
     // A frame header's bytes 4..8 are the database's size after the commit it ends, zero in
-    // every other frame.
+    // every other frame. Kept across a flush for size: the page after it still ends the commit.
     e.commit_frame = len == FRAME_HEADER && bytes[4..8] != [0; 4];
     if ends_commit || e.buf.len() >= FLUSH_AT {
         // SAFETY: `f` is this WAL.
-        return unsafe { flush(f) };
+        return unsafe { flush(f, e) };
     }
     ffi::SQLITE_OK
 }
@@ -312,9 +357,10 @@ unsafe extern "C" fn x_write(
 /// `f` is a file this VFS wrapped.
 unsafe fn settle(f: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: the caller's promise.
-    if unsafe { extra(f) }.kind == Kind::Wal {
+    let e = unsafe { extra(f) };
+    if e.kind == Kind::Wal {
         // SAFETY: as above.
-        unsafe { flush(f) }
+        unsafe { flush(f, e) }
     } else {
         ffi::SQLITE_OK
     }
@@ -365,16 +411,52 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
 }
 
 unsafe extern "C" fn x_shm_barrier(f: *mut ffi::sqlite3_file) {
-    // SAFETY: a wrapped database; its peer is its open WAL. A flush that fails keeps its
-    // bytes, and the WAL's next call answers the error (see the module's documentation).
+    // SAFETY: a wrapped database; its peer is its open WAL, another struct. By the time SQLite
+    // publishes a commit nothing of it is gathered (its commit frame and every frame written
+    // again went out with their own writes), so this flush finds nothing: it stands in case a
+    // path of SQLite's does otherwise, before the commit can be seen.
     unsafe {
         let e = extra(f);
         if e.kind == Kind::Db && !e.peer.is_null() {
-            let _ = flush(e.peer);
+            let _ = flush(e.peer, extra(e.peer));
         }
         if let Some(barrier) = inner(f).xShmBarrier {
             barrier(f);
         }
+    }
+}
+
+unsafe extern "C" fn x_shm_lock(
+    f: *mut ffi::sqlite3_file,
+    offset: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: a wrapped database; its peer is its open WAL, another struct.
+    unsafe {
+        let e = extra(f);
+        let mut wal = (e.kind == Kind::Db
+            && !e.peer.is_null()
+            && (offset..offset + n).contains(&WRITE_LOCK)
+            && flags & ffi::SQLITE_SHM_EXCLUSIVE != 0)
+            .then(|| extra(e.peer));
+        if flags & ffi::SQLITE_SHM_UNLOCK != 0 {
+            if let Some(w) = wal.as_deref_mut() {
+                // The write transaction is over. What is still gathered was never committed
+                // (a rolled-back transaction's spilled frames): once another writer may append
+                // at those offsets, it must never reach the file.
+                discard(w);
+                w.commit_frame = false;
+            }
+        }
+        let rc = (inner(f).xShmLock.expect("xShmLock"))(f, offset, n, flags);
+        if let Some(w) = wal {
+            if rc == ffi::SQLITE_OK && flags & ffi::SQLITE_SHM_LOCK != 0 {
+                // A new write transaction: only its own frames are written again.
+                w.high = 0;
+            }
+        }
+        rc
     }
 }
 
@@ -393,7 +475,6 @@ pass!(x_check_reserved_lock, xCheckReservedLock, (out: *mut c_int) -> c_int);
 pass!(x_sector_size, xSectorSize, () -> c_int);
 pass!(x_device_characteristics, xDeviceCharacteristics, () -> c_int);
 pass!(x_shm_map, xShmMap, (page: c_int, size: c_int, extend: c_int, out: *mut *mut c_void) -> c_int);
-pass!(x_shm_lock, xShmLock, (offset: c_int, n: c_int, flags: c_int) -> c_int);
 pass!(x_shm_unmap, xShmUnmap, (delete: c_int) -> c_int);
 pass!(x_fetch, xFetch, (offset: i64, amt: c_int, out: *mut *mut c_void) -> c_int);
 pass!(x_unfetch, xUnfetch, (offset: i64, p: *mut c_void) -> c_int);
@@ -467,6 +548,27 @@ mod tests {
         }
     }
 
+    /// Insert rows `0..rows` whose values start with `letter`, 200 bytes each.
+    fn fill(c: &Connection, rows: i64, letter: char) {
+        for i in 0..rows {
+            c.execute(
+                "INSERT INTO t(k, v) VALUES (?1, printf('%.200c', ?2) || ?1)",
+                rusqlite::params![i, letter.to_string()],
+            )
+            .unwrap();
+        }
+    }
+
+    /// What a `kill -9` of the writer would leave: the database and its WAL copied while it is
+    /// open, opened elsewhere (SQLite recovers the log from the file alone).
+    fn copied(path: &std::path::Path, name: &str) -> Connection {
+        let copy = temp_path(name);
+        std::fs::copy(path, &copy).unwrap();
+        let wal = |p: &std::path::Path| format!("{}-wal", p.display());
+        std::fs::copy(wal(path), wal(&copy)).unwrap();
+        Connection::open(&copy).unwrap()
+    }
+
     fn count(c: &Connection) -> i64 {
         c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
             .unwrap()
@@ -512,6 +614,38 @@ mod tests {
         }
     }
 
+    /// A rolled-back transaction that spilled leaves nothing to write: another writer then
+    /// appends its commit at the same offsets of the log, and this connection's next
+    /// transactions (each passing the database's barrier) must not put the spilled frames over
+    /// it.
+    #[test]
+    fn a_rolled_back_spill_never_reaches_the_file_over_another_writers_commit() {
+        let path = temp_path("rollback");
+        let w = open_wal(&path, 10);
+        let other = open_wal(&path, 2000);
+        w.execute("INSERT INTO t(k, v) VALUES (-1, 'first')", [])
+            .unwrap();
+        w.execute_batch("BEGIN IMMEDIATE").unwrap();
+        fill(&w, 2_000, 'r');
+        w.execute_batch("ROLLBACK").unwrap();
+        fill(&other, 300, 'o');
+        // Reads and a write of this connection: each passes the barrier and the write lock.
+        assert_eq!(count(&w), 301);
+        w.execute("INSERT INTO t(k, v) VALUES (-2, 'last')", [])
+            .unwrap();
+        for c in [&other, &copied(&path, "rollback-copy")] {
+            assert_eq!(count(c), 302);
+            let spilled: i64 = c
+                .query_row("SELECT count(*) FROM t WHERE v LIKE 'r%'", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(spilled, 0);
+            let check: String = c
+                .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(check, "ok");
+        }
+    }
+
     /// A transaction larger than the page cache writes frames before its commit and then
     /// overwrites some of them, and SQLite rewrites their checksums after the commit frame:
     /// what the file holds once the commit returned (what a `kill -9` then leaves, copied
@@ -522,24 +656,14 @@ mod tests {
         let w = open_wal(&path, 10);
         let rows = 3_000_i64;
         w.execute_batch("BEGIN IMMEDIATE").unwrap();
-        for i in 0..rows {
-            w.execute(
-                "INSERT INTO t(k, v) VALUES (?1, printf('%.200c', 'a') || ?1)",
-                [i],
-            )
-            .unwrap();
-        }
+        fill(&w, rows, 'a');
         // Pages written out by the spills above change again.
         w.execute("UPDATE t SET v = v || 'z' WHERE k % 7 = 0", [])
             .unwrap();
         w.execute_batch("COMMIT").unwrap();
         let r = Connection::open(&path).unwrap();
         assert_eq!(count(&r), rows);
-        let copy = temp_path("spill-copy");
-        std::fs::copy(&path, &copy).unwrap();
-        let wal = |p: &std::path::Path| format!("{}-wal", p.display());
-        std::fs::copy(wal(&path), wal(&copy)).unwrap();
-        let c = Connection::open(&copy).unwrap();
+        let c = copied(&path, "spill-copy");
         assert_eq!(count(&c), rows);
         let z: i64 = c
             .query_row("SELECT count(*) FROM t WHERE v LIKE '%z'", [], |r| r.get(0))

@@ -85,7 +85,8 @@ struct Extra {
     high: i64,
     /// Wal: the last write gathered was a commit frame's header (its page comes next).
     commit_frame: bool,
-    /// Wal: the writes handed to the platform (read by the tests).
+    /// The writes handed to the platform, the database's as well as the WAL's (the tests read
+    /// a WAL's).
     writes: u64,
 }
 

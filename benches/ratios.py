@@ -264,9 +264,13 @@ def concurrency(rows: list[dict[str, Any]]) -> None:
             )
 
     # (heading, numerator, denominator) as (impl, callers); "threads" are the grouped ones.
+    # "same units": the batch of the units the callers hold at once (bench_concurrency.py).
+    same = "fencepost batch, callers' units"
     yardsticks = [
         ("threads 16 / batch 16", ("fencepost grouped", 16), ("fencepost batch", 16)),
+        ("threads 16 / batch 16, same units", ("fencepost grouped", 16), (same, 16)),
         ("coroutines 1000 / batch 256", ("fencepost coroutines", 1000), ("fencepost batch", 256)),
+        ("coroutines 1000 / batch 256, same units", ("fencepost coroutines", 1000), (same, 256)),
         ("threads 16 / threads 1", ("fencepost grouped", 16), ("fencepost grouped", 1)),
         ("processes 4 / processes 1", ("fencepost processes", 4), ("fencepost processes", 1)),
     ]

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import fencepost as fp
-from fencepost.aio import IN_FLIGHT, AsyncLedger
+from fencepost.aio import IN_FLIGHT, AsyncLedger, _Gate
 from tests.conftest import FakeClock
 from tests.processes import held_write_lock
 
@@ -383,6 +383,41 @@ def test_close_fails_the_calls_it_could_not_run(target: str) -> None:
         assert any("closed before this call ran" in str(r) for r in closed)
         with fp.Ledger.open(target) as again:
             assert again.units("r") == []
+
+    asyncio.run(main())
+
+
+def test_the_gate_hands_places_over_in_order_past_cancelled_waiters() -> None:
+    # The bound on queued calls: a place given back goes to the first caller still waiting; a
+    # waiter cancelled before its turn is passed over, and one handed a place as it is
+    # cancelled passes the place on, so no place is ever lost or handed out twice.
+    async def main() -> None:
+        gate = _Gate(1, asyncio.get_running_loop())
+        assert gate.take()
+        assert not gate.take()
+        got: list[str] = []
+
+        async def waiter(name: str) -> None:
+            await gate.wait()
+            got.append(name)
+
+        a, b, c, d = (asyncio.ensure_future(waiter(n)) for n in "abcd")
+        await asyncio.sleep(0)
+        b.cancel()
+        gate.release()  # to a
+        await asyncio.sleep(0)
+        assert got == ["a"]
+        gate.release()  # b was cancelled while waiting: to c
+        await asyncio.sleep(0)
+        assert got == ["a", "c"]
+        gate.release()  # to d, which is cancelled before it runs: d hands it back
+        d.cancel()
+        await asyncio.gather(a, b, c, d, return_exceptions=True)
+        assert got == ["a", "c"]
+        assert b.cancelled()
+        assert d.cancelled()
+        assert gate.take()  # the place d was handed is free again, and it is the only one
+        assert not gate.take()
 
     asyncio.run(main())
 

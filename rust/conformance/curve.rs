@@ -5,9 +5,13 @@
 //! (`FP_CURVE_THREADS=n` runs the threads part for n only; `FP_CURVE_SKIP=1` skips the
 //! batches and groups, so that a profiler run over the process sees only the threads;
 //! `FP_CURVE_FILL=1` turns on the wait for groups to fill, `writer::Config::fill`).
+//!
+//! `handoff` measures what every call from a waiting thread pays at least twice, whatever the
+//! store: one thread waking another through a `Mutex` and `Condvar` (the writer's own
+//! primitives), `cargo test --release -- --ignored --nocapture handoff`.
 
 use std::io::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Instant;
 
 use super::{finish, started, unit, T0};
@@ -127,4 +131,47 @@ fn writer_curve() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two threads passing a turn back and forth, `n` times each way: the time of one hand-off.
+fn ping_pong(n: u64) -> f64 {
+    let turn = Arc::new((Mutex::new(0_u64), Condvar::new()));
+    let other = Arc::clone(&turn);
+    let since = Instant::now();
+    let answerer = std::thread::spawn(move || {
+        let (m, c) = &*other;
+        let mut t = m.lock().unwrap_or_else(PoisonError::into_inner);
+        while *t < 2 * n {
+            if *t % 2 == 1 {
+                *t += 1;
+                c.notify_one();
+            } else {
+                t = c.wait(t).unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+    });
+    let (m, c) = &*turn;
+    let mut t = m.lock().unwrap_or_else(PoisonError::into_inner);
+    while *t < 2 * n {
+        if *t % 2 == 0 {
+            *t += 1;
+            c.notify_one();
+        } else {
+            t = c.wait(t).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+    drop(t);
+    answerer.join().expect("answerer");
+    #[allow(clippy::cast_precision_loss)]
+    let per = since.elapsed().as_secs_f64() * 1e6 / (2 * n) as f64;
+    per
+}
+
+#[test]
+#[ignore = "a measurement, printed: run by hand"]
+fn handoff() {
+    for _ in 0..3 {
+        let us = ping_pong(100_000);
+        let _ = writeln!(std::io::stdout(), "one thread waking another: {us:.2} us");
+    }
 }

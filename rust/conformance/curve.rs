@@ -133,34 +133,28 @@ fn writer_curve() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Two threads passing a turn back and forth, `n` times each way: the time of one hand-off.
-fn ping_pong(n: u64) -> f64 {
-    let turn = Arc::new((Mutex::new(0_u64), Condvar::new()));
-    let other = Arc::clone(&turn);
-    let since = Instant::now();
-    let answerer = std::thread::spawn(move || {
-        let (m, c) = &*other;
-        let mut t = m.lock().unwrap_or_else(PoisonError::into_inner);
-        while *t < 2 * n {
-            if *t % 2 == 1 {
-                *t += 1;
-                c.notify_one();
-            } else {
-                t = c.wait(t).unwrap_or_else(PoisonError::into_inner);
-            }
-        }
-    });
-    let (m, c) = &*turn;
+/// Take every turn whose number has parity `mine`, until `end` turns were taken: wait for the
+/// other thread's turn to pass, take one, wake the other.
+fn take_turns(turn: &(Mutex<u64>, Condvar), mine: u64, end: u64) {
+    let (m, c) = turn;
     let mut t = m.lock().unwrap_or_else(PoisonError::into_inner);
-    while *t < 2 * n {
-        if *t % 2 == 0 {
+    while *t < end {
+        if *t % 2 == mine {
             *t += 1;
             c.notify_one();
         } else {
             t = c.wait(t).unwrap_or_else(PoisonError::into_inner);
         }
     }
-    drop(t);
+}
+
+/// Two threads passing a turn back and forth, `n` times each way: the time of one hand-off.
+fn ping_pong(n: u64) -> f64 {
+    let turn = Arc::new((Mutex::new(0_u64), Condvar::new()));
+    let other = Arc::clone(&turn);
+    let since = Instant::now();
+    let answerer = std::thread::spawn(move || take_turns(&other, 1, 2 * n));
+    take_turns(&turn, 0, 2 * n);
     answerer.join().expect("answerer");
     #[allow(clippy::cast_precision_loss)]
     let per = since.elapsed().as_secs_f64() * 1e6 / (2 * n) as f64;

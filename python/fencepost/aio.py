@@ -198,6 +198,8 @@ def _queued(
         except BaseException:
             gate.release()
             raise
+        # Answered as the caller is cancelled, the task still takes the outcome from the
+        # future before it raises CancelledError: a failure is never left unretrieved.
         result: R = await future
         return result
 
@@ -427,8 +429,8 @@ class AsyncLedger:
     wait_events = _hooks.async_operation("wait_events", _wait_events)
 
     def _gate_on(self, loop: asyncio.AbstractEventLoop) -> _Gate:
-        """The bound on queued writer calls, made on the loop that uses it (a semaphore belongs
-        to one loop; a later ``asyncio.run`` gets its own)."""
+        """The bound on queued writer calls, made on the loop that uses it (a gate's futures
+        belong to one loop; a later ``asyncio.run`` gets its own)."""
         if self._gate is None or self._gate_loop is not loop:
             self._gate = _Gate(IN_FLIGHT, loop)
             self._gate_loop = loop

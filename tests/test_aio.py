@@ -422,6 +422,72 @@ def test_the_gate_hands_places_over_in_order_past_cancelled_waiters() -> None:
     asyncio.run(main())
 
 
+def test_the_gate_sweeps_out_waiters_that_gave_up() -> None:
+    # Callers that give up while the store stalls leave done futures in the queue; once they
+    # outnumber the live ones they are swept out, and the places still go to the live waiter.
+    async def main() -> None:
+        gate = _Gate(1, asyncio.get_running_loop())
+        assert gate.take()
+        gave_up = [asyncio.ensure_future(gate.wait()) for _ in range(500)]
+        live = asyncio.ensure_future(gate.wait())
+        await asyncio.sleep(0)
+        for t in gave_up:
+            t.cancel()
+        await asyncio.gather(*gave_up, return_exceptions=True)
+        assert len(gate._waiters) < 100
+        gate.release()
+        await live
+        gate.release()
+        assert gate.take()
+        assert not gate.take()
+
+    asyncio.run(main())
+
+
+def test_an_exception_after_the_call_was_queued_gives_its_place_back_once(target: str) -> None:
+    # An exception that lands after the core queued the call (a signal's, here raised by a
+    # trace function as the facade method returns): the caller gets it, the place comes back
+    # at once, and the call's answer, which still comes, gives back nothing more.
+    raw = fp._hooks.unwrapped(fp.Ledger.reserve_attempt)
+
+    class Interrupted(Exception):
+        pass
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not raw.__code__:
+            return None
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "return":
+                sys.settrace(None)
+                raise Interrupted
+            return local
+
+        return local
+
+    async def main() -> None:
+        async with await AsyncLedger.open(target) as ledger:
+            await ledger.start_run(
+                "wf", scope_key=None, steps=[{"id": "s"}], run_id="r", force=True
+            )
+            gate = ledger._gate_on(asyncio.get_running_loop())
+            sys.settrace(trace)
+            try:
+                with pytest.raises(Interrupted):
+                    await ledger.reserve_attempt("r", "u1", step_id="s")
+            finally:
+                sys.settrace(None)
+            assert gate._free == IN_FLIGHT
+            deadline = time.monotonic() + 10
+            while not await ledger.units("r") and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert [u.unit_id for u in await ledger.units("r")] == ["u1"]  # the call ran
+            await ledger.reserve_attempt("r", "u2", step_id="s")  # an answer after it
+            assert gate._free == IN_FLIGHT
+
+    asyncio.run(main())
+
+
 def test_a_failure_answered_as_its_caller_is_cancelled_is_not_reported(target: str) -> None:
     # The answer (here a refusal) lands, then the caller is cancelled before it runs: the
     # caller gets CancelledError, and its future's failure is not logged as never retrieved

@@ -99,12 +99,16 @@ class _Gate:
     together, so with thousands of callers waiting that was quadratic (10 000 coroutines: most
     of the event loop's time)."""
 
-    __slots__ = ("_free", "_loop", "_waiters")
+    __slots__ = ("_dead", "_free", "_loop", "_waiters")
 
     def __init__(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
         self._free = size
         self._loop = loop
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # Waiters cancelled before their turn, still queued (done): passed over by `release`,
+        # and swept out when they outnumber the live ones, so callers that give up again and
+        # again while the store stalls (`wait_for` in a loop) do not pile up.
+        self._dead = 0
 
     def take(self) -> bool:
         """Take a place if one is free and nobody waits for it (no await needed)."""
@@ -122,6 +126,11 @@ class _Gate:
         except asyncio.CancelledError:
             if handed.done() and not handed.cancelled():
                 self.release()  # handed over as the caller was cancelled: pass it on
+            else:
+                self._dead += 1
+                if self._dead > 64 and 2 * self._dead > len(self._waiters):
+                    self._waiters = collections.deque(w for w in self._waiters if not w.done())
+                    self._dead = 0
             raise
 
     def release(self) -> None:
@@ -132,6 +141,7 @@ class _Gate:
             if not handed.done():
                 handed.set_result(None)
                 return
+            self._dead = max(0, self._dead - 1)
         self._free += 1
 
 
@@ -147,7 +157,8 @@ class _Answer(asyncio.Future[Any]):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, gate: _Gate) -> None:
         super().__init__(loop=loop)
-        self.gate = gate
+        # `None` once the place was given back otherwise (see `_queued`).
+        self.gate: _Gate | None = gate
 
 
 def _resolve_many(
@@ -160,7 +171,7 @@ def _resolve_many(
     scheduled behind them), so the writer may form its next group with the calls they make."""
     try:
         for future, failed, value in items:
-            if isinstance(future, _Answer):
+            if isinstance(future, _Answer) and future.gate is not None:
                 future.gate.release()
             if future.done():
                 continue
@@ -196,6 +207,11 @@ def _queued(
                 Ledger(cast(_core.Ledger, _SubmitCore(self.ledger._core, future))), *args, **kwargs
             )
         except BaseException:
+            # Refused before it was queued, or (an exception from a signal) perhaps just after:
+            # the place comes back now, and an answer that still comes gives back nothing and
+            # finds its future done.
+            future.gate = None
+            future.cancel()
             gate.release()
             raise
         # Answered as the caller is cancelled, the task still takes the outcome from the

@@ -24,11 +24,9 @@ path is measured in two layouts. ``fencepost batch`` names each batch's units af
 (``b{batch}-{k}``): they sit side by side in every index, and a commit writes a few pages for
 all of them. ``fencepost batch, callers' units`` takes the units that as many concurrent
 callers hold at one moment (``w{caller}-{k}``, the names the threads and coroutines here
-use): each lands on its own pages, as the callers' own units do. Measured on SQLite
-``normal``, batches of 16 in the callers' layout did 15 000 units/s against 24 000-25 000 side
-by side, with the same calls and rows. The callers are read against the batch of the same
-units (``threads 16 / batch 16, same units``); the side-by-side batch shows what the layout
-alone is worth.
+use): each lands on its own pages, as the callers' own units do (benches/RESULTS.md has what
+the layout alone is worth). The callers are read against the batch of the same units
+(``threads 16 / batch 16, same units``).
 """
 
 from __future__ import annotations

@@ -141,6 +141,8 @@ class _Gate:
             if not handed.done():
                 handed.set_result(None)
                 return
+            # Not below zero: a waiter cancelled whose `wait` has not yet counted it may be
+            # passed over first (it is then counted once too many, until the next sweep).
             self._dead = max(0, self._dead - 1)
         self._free += 1
 

@@ -460,7 +460,11 @@ pub fn claim_next(store: &mut dyn Store, req: &NextClaims, now_ms: i64) -> Resul
         let mut found = Vec::new();
         let lanes: [(&crate::store::Sql, &[&dyn crate::store::ToSql]); 3] = [
             (&sql::NEXT_QUEUED_SQL, params![names, req.limit]),
-            (&sql::NEXT_KEYED_SQL, params![names, req.limit]),
+            if req.limit == 1 && names.is_none() {
+                (&sql::NEXT_KEYED_ONE_SQL, params![])
+            } else {
+                (&sql::NEXT_KEYED_SQL, params![names, req.limit])
+            },
             (&sql::RESCUABLE_SQL, params![names, now_ms]),
         ];
         tx.query_many(&lanes[..if req.rescue { 3 } else { 2 }], &mut |_, r| {

@@ -192,6 +192,44 @@ fn a_key_is_counted_only_when_a_claim_may_reach_it() {
     );
 }
 
+/// A claim of one run of any workflow is not planned again on every call: PostgreSQL plans
+/// each statement with parameters for their values at first (custom plans), then keeps one
+/// plan for the session once it is estimated no dearer (a generic plan); the keyed lane's read
+/// never was, and is sent without parameters (see `NEXT_KEYED_ONE_SQL`). So after 30 claims,
+/// of runs with a limited key and runs without, no statement of the session has been planned
+/// more than the five custom times.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_claim_of_one_run_is_not_planned_again_each_time() {
+    const PLANS: Sql = Sql::same(
+        "SELECT statement, custom_plans FROM pg_prepared_statements WHERE custom_plans > 5",
+    );
+    let (mut store, _schema) = crate::store::testing::postgres_fresh();
+    let store = store.as_mut();
+    queue::set_concurrency_limit(store, "k", Some(100), T0).expect("limit");
+    for i in 0..40 {
+        let mut q = queued(&format!("k{i:02}"));
+        if i % 2 == 0 {
+            q.concurrency_key = Some("k".to_owned());
+        }
+        queue::reserve_run(store, &q, T0).expect("reserve_run");
+    }
+    for _ in 0..30 {
+        assert_eq!(next(store, 1, T0 + 20).len(), 1);
+    }
+    let replanned = store
+        .read("reading the plans", |tx| {
+            tx.rows(&PLANS, params![], |r| {
+                Ok((r.get::<String>(0)?, r.get::<i64>(1)?))
+            })
+        })
+        .expect("plans");
+    assert!(
+        replanned.is_empty(),
+        "planned on every call: {replanned:#?}"
+    );
+}
+
 /// Claimers that start together meet the same keys first: a key another claimer holds is
 /// passed over in the round trip that locks the keys, not in one round trip each. Keys `a` and
 /// `b` come first in claim order and are held by another session; the claim takes `c`'s run in

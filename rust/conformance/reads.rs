@@ -626,10 +626,9 @@ fn next_queued_runs_are_read_by_index(store: &mut dyn Store) {
     }
 }
 
-/// Key limits and paused workflows are served by their indexes: the keyed lane per limited
-/// key, a key's live count by `runs_key_live`, and moving a key's or a workflow's queued runs
-/// between lanes by `runs_queued_key` and `runs_queued_name`, whatever the rest of the runs.
-fn scheduling_is_read_by_index(store: &mut dyn Store) {
+/// [`fill_runs`], then 50 keys with limits over them: queued runs (one in 50) in the keyed
+/// lane, the others live or (most) ended.
+fn keyed_runs(store: &mut dyn Store) {
     fill_runs(store);
     // Every run gets one of 50 keys; queued runs (one in 50) are in the keyed lane, and the
     // other runs of those keys are live or ended.
@@ -665,6 +664,13 @@ fn scheduling_is_read_by_index(store: &mut dyn Store) {
             tx.exec(&ended, params![]).map(|_| ())
         })
         .expect("key");
+}
+
+/// Key limits and paused workflows are served by their indexes: the keyed lane per limited
+/// key, a key's live count by `runs_key_live`, and moving a key's or a workflow's queued runs
+/// between lanes by `runs_queued_key` and `runs_queued_name`, whatever the rest of the runs.
+fn scheduling_is_read_by_index(store: &mut dyn Store) {
+    keyed_runs(store);
     analyze(store);
     let scans_runs = |p: &str| {
         p.lines().any(|l| {
@@ -676,12 +682,17 @@ fn scheduling_is_read_by_index(store: &mut dyn Store) {
         })
     };
     let none: Option<String> = None;
-    let next = plan(store, &sql::NEXT_KEYED_SQL, params![none, 10_i64]);
-    assert!(
-        next.contains("runs_lane_keyed"),
-        "by runs_lane_keyed:\n{next}"
-    );
-    assert!(!scans_runs(&next), "no scan of the runs:\n{next}");
+    for (statement, args) in [
+        (&sql::NEXT_KEYED_SQL, params![none, 10_i64]),
+        (&sql::NEXT_KEYED_ONE_SQL, params![]),
+    ] {
+        let next = plan(store, statement, args);
+        assert!(
+            next.contains("runs_lane_keyed"),
+            "by runs_lane_keyed:\n{next}"
+        );
+        assert!(!scans_runs(&next), "no scan of the runs:\n{next}");
+    }
     // A third of the live runs' leases have expired by then.
     let rescue = plan(store, &sql::RESCUABLE_SQL, params![none, T0 + 333]);
     assert!(

@@ -195,7 +195,7 @@ fn a_key_is_counted_only_when_a_claim_may_reach_it() {
 /// A claim of one run of any workflow is not planned again on every call: PostgreSQL plans
 /// each statement with parameters for their values at first (custom plans), then keeps one
 /// plan for the session once it is estimated no dearer (a generic plan); the keyed lane's read
-/// never was, and is sent without parameters (see `NEXT_KEYED_ONE_SQL`). So after 30 claims,
+/// never is, so it is sent without parameters (see `NEXT_KEYED_ONE_SQL`). So after 30 claims,
 /// of runs with a limited key and runs without, no statement of the session has been planned
 /// more than the five custom times.
 #[cfg(feature = "postgres")]

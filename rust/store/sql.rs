@@ -898,10 +898,10 @@ pub const NEXT_KEYED_SQL: Sql = next_keyed!(
 /// [`NEXT_KEYED_SQL`] for a claim of one run of any workflow, what a worker taking work one
 /// item at a time sends: each key's first run, with no parameters. PostgreSQL plans a prepared
 /// statement with parameters for their values (a custom plan) until a plan made without them
-/// (a generic plan) is estimated no dearer; for this read it never was (the workflow filter it
-/// cannot fold away, and a `LIMIT` it cannot see, taken as a tenth of each key's runs), so the
-/// statement was planned again on every claim: 0.11 ms of its 0.17 ms on the server, limits
-/// or none. A statement without parameters is planned once for the session.
+/// (a generic plan) is estimated no dearer; for this read it never is (the workflow filter it
+/// cannot fold away, and a `LIMIT` it cannot see, taken as a tenth of each key's runs), so with
+/// parameters it is planned on every claim: 0.11 ms of its 0.17 ms on the server, limits or
+/// none. A statement without parameters is planned once for the session.
 pub const NEXT_KEYED_ONE_SQL: Sql = next_keyed!("", "", "1");
 /// The runs `claim_next` may rescue, the columns of [`NEXT_KEYED_SQL`]: runs that have not
 /// ended whose owner's lease expired at or before ?3, oldest expiry first, at most

@@ -105,16 +105,20 @@ unsafe extern "C" fn create(
     };
     // SAFETY: see above.
     let handle = unsafe { f(page_size, extra, purgeable) };
-    match c_uint::try_from(page_size) {
-        Ok(size) if size > 0 && !handle.is_null() => Box::into_raw(Box::new(Cache {
-            inner: handle,
-            parking: PENDING_BYTE / size + 1,
-        }))
-        .cast(),
-        // SQLite asks for no page size it cannot have; were it to, and for a failed create,
-        // the default cache's answer stands (a null handle is SQLite's out-of-memory).
-        _ => handle,
+    if handle.is_null() {
+        return handle; // SQLite's out of memory
     }
+    // Every handle SQLite gets back is a `Cache` (the other methods read it as one). SQLite
+    // asks for no page size below 512; were it to, 0 parks nothing (no page number is 0).
+    let parking = c_uint::try_from(page_size)
+        .ok()
+        .filter(|&size| size > 0)
+        .map_or(0, |size| PENDING_BYTE / size + 1);
+    Box::into_raw(Box::new(Cache {
+        inner: handle,
+        parking,
+    }))
+    .cast()
 }
 
 unsafe extern "C" fn cachesize(p: *mut ffi::sqlite3_pcache, n: c_int) {

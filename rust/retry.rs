@@ -127,17 +127,31 @@ impl RetryPolicy {
     }
 
     /// A stored policy; `None` for text this library did not write.
+    ///
+    /// Stored text is always [`Self::to_text`]'s: a policy is written only by it, and a restore
+    /// refuses any text that does not come back from this function and `to_text` unchanged.
+    /// So it is read in that one form, field by field in canonical (sorted) order, without
+    /// building a JSON tree: every failing finish under a policy reads it, and the tree (a map,
+    /// its keys and values) cost that finish about as much as the policy's own index entries.
     #[must_use]
     pub fn from_text(text: &str) -> Option<Self> {
-        let v: serde_json::Value = serde_json::from_str(text).ok()?;
-        let p = Self {
-            max_attempts: v.get("max_attempts")?.as_i64()?,
-            initial_ms: v.get("initial_ms")?.as_i64()?,
-            factor: v.get("factor")?.as_f64()?,
-            max_ms: v.get("max_ms")?.as_i64()?,
-            jitter: v.get("jitter")?.as_f64()?,
+        let mut fields = text.strip_prefix('{')?.strip_suffix('}')?.split(',');
+        let mut field = |name: &str| -> Option<&str> {
+            fields
+                .next()?
+                .strip_prefix('"')?
+                .strip_prefix(name)?
+                .strip_prefix("\":")
         };
-        p.check("retry", "").ok().map(|()| p)
+        // Fields are read in the order written, which is the stored order.
+        let p = Self {
+            factor: field("factor")?.parse().ok()?,
+            initial_ms: field("initial_ms")?.parse().ok()?,
+            jitter: field("jitter")?.parse().ok()?,
+            max_attempts: field("max_attempts")?.parse().ok()?,
+            max_ms: field("max_ms")?.parse().ok()?,
+        };
+        (fields.next().is_none() && p.check("retry", "").is_ok()).then_some(p)
     }
 
     /// The delay after failed attempt `attempt` of `unit_id` in `run_id`, in milliseconds.
@@ -278,6 +292,31 @@ mod tests {
             r#"{"factor":2,"initial_ms":0,"jitter":0,"max_attempts":2,"max_ms":3600000}"#
         );
         assert_eq!(RetryPolicy::from_text("{}"), None);
+        // ECMAScript's exponent form, as canonical JSON writes small and large numbers.
+        let tiny = RetryPolicy {
+            jitter: 1e-7,
+            factor: 123_456.5,
+            ..RetryPolicy::new(3, 7)
+        };
+        assert!(
+            tiny.to_text().contains(r#""jitter":1e-7"#),
+            "{}",
+            tiny.to_text()
+        );
+        assert_eq!(RetryPolicy::from_text(&tiny.to_text()), Some(tiny));
+        // Only the stored form is read: other orders, spacing, fields, forms or ranges are not.
+        for other in [
+            r#"{"initial_ms":250,"factor":1.5,"jitter":0.25,"max_attempts":5,"max_ms":3600000}"#,
+            r#"{"factor": 1.5,"initial_ms":250,"jitter":0.25,"max_attempts":5,"max_ms":3600000}"#,
+            r#"{"factor":1.5,"initial_ms":250,"jitter":0.25,"max_attempts":5,"max_ms":3600000,"x":1}"#,
+            r#"{"factor":1.5,"initial_ms":250,"jitter":0.25,"max_attempts":5}"#,
+            r#"{"factor":1.5,"initial_ms":250.0,"jitter":0.25,"max_attempts":5,"max_ms":3600000}"#,
+            r#"{"factor":NaN,"initial_ms":250,"jitter":0.25,"max_attempts":5,"max_ms":3600000}"#,
+            r#"{"factor":1.5,"initial_ms":250,"jitter":0.25,"max_attempts":0,"max_ms":3600000}"#,
+            r#"{"factor":1.5,"initial_ms":250,"jitter":0.25,"max_attempts":5,"max_ms":3600000"#,
+        ] {
+            assert_eq!(RetryPolicy::from_text(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //!
 //! Both reads page by a cursor on their index (`units_retry_due*`, `units_exhausted`), which
 //! holds the waiting or exhausted units and nothing else, so a page costs what it returns
-//! whatever the ledger holds. Both moves are fenced like every write, take the run's lock, and
-//! write one event per unit they change (`unit.retried`, `unit.cancelled`).
+//! whatever the ledger holds; each is planned once for the session, not for each call's values
+//! (`Tx::plan_generic`), which on a large table PostgreSQL would otherwise do on every call.
+//! Both moves are fenced like every write, take the run's lock, and write one event per unit
+//! they change (`unit.retried`, `unit.cancelled`).
 
 use crate::params;
 
@@ -53,25 +55,28 @@ pub fn due_units(
     let (at, run, unit) = after.map_or((i64::MIN, "", ""), |c| {
         (c.retry_at, c.run_id.as_str(), c.unit_id.as_str())
     });
-    store.read("listing due units", |tx| match run_id {
-        // A cursor from another run continues after it: the run's own rows start over.
-        Some(run_id) => {
-            let (at, unit) = if run == run_id {
-                (at, unit)
-            } else {
-                (i64::MIN, "")
-            };
-            tx.rows(
-                &sql::DUE_UNITS_RUN_SQL,
-                params![run_id, now_ms, at, unit, limit],
+    store.read("listing due units", |tx| {
+        tx.plan_generic()?;
+        match run_id {
+            // A cursor from another run continues after it: the run's own rows start over.
+            Some(run_id) => {
+                let (at, unit) = if run == run_id {
+                    (at, unit)
+                } else {
+                    (i64::MIN, "")
+                };
+                tx.rows(
+                    &sql::DUE_UNITS_RUN_SQL,
+                    params![run_id, now_ms, at, unit, limit],
+                    unit_from_row,
+                )
+            }
+            None => tx.rows(
+                &sql::DUE_UNITS_SQL,
+                params![now_ms, at, run, unit, limit],
                 unit_from_row,
-            )
+            ),
         }
-        None => tx.rows(
-            &sql::DUE_UNITS_SQL,
-            params![now_ms, at, run, unit, limit],
-            unit_from_row,
-        ),
     })
 }
 
@@ -85,20 +90,23 @@ pub fn exhausted_units(
 ) -> Result<Vec<Unit>> {
     check_page(limit, "; page on with after=")?;
     let (run, unit) = after.map_or(("", ""), |c| (c.run_id.as_str(), c.unit_id.as_str()));
-    store.read("listing exhausted units", |tx| match run_id {
-        Some(run_id) => {
-            let unit = if run == run_id { unit } else { "" };
-            tx.rows(
-                &sql::EXHAUSTED_UNITS_RUN_SQL,
-                params![run_id, unit, limit],
+    store.read("listing exhausted units", |tx| {
+        tx.plan_generic()?;
+        match run_id {
+            Some(run_id) => {
+                let unit = if run == run_id { unit } else { "" };
+                tx.rows(
+                    &sql::EXHAUSTED_UNITS_RUN_SQL,
+                    params![run_id, unit, limit],
+                    unit_from_row,
+                )
+            }
+            None => tx.rows(
+                &sql::EXHAUSTED_UNITS_SQL,
+                params![run, unit, limit],
                 unit_from_row,
-            )
+            ),
         }
-        None => tx.rows(
-            &sql::EXHAUSTED_UNITS_SQL,
-            params![run, unit, limit],
-            unit_from_row,
-        ),
     })
 }
 

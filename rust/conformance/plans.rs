@@ -8,7 +8,7 @@ use crate::canonical::Value;
 use crate::events::{self, Actor};
 use crate::params;
 use crate::retention;
-use crate::store::{sql, Sql, Store, ToSql};
+use crate::store::{sql, Sql, SqlValue, Store, ToSql};
 
 conformance!(
     run_events_are_read_by_index,
@@ -103,6 +103,61 @@ fn plan_after(
         })
         .expect("explain")
         .join("\n")
+}
+
+/// On PostgreSQL, the plan `statement` is given when planned without its parameters' values
+/// (`Tx::plan_generic`), explained for `params`; `None` on SQLite, which never plans for values.
+pub(crate) fn generic_plan(
+    store: &mut dyn Store,
+    statement: &Sql,
+    params: &[&dyn ToSql],
+) -> Option<String> {
+    static NAMES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    if store.pragmas().expect("pragmas").journal_mode != "postgresql" {
+        return None;
+    }
+    // A name of its own each time: the EXPLAIN is itself a cached statement, typed by the
+    // statement its name stood for when it was first sent.
+    let name = format!(
+        "fp_generic_{}",
+        NAMES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let mut text = statement.postgres.to_owned();
+    for i in (1..=params.len()).rev() {
+        text = text.replace(&format!("?{i}"), &format!("${i}"));
+    }
+    // The values as literals: an EXPLAIN EXECUTE takes no parameters of its own.
+    let args = params
+        .iter()
+        .map(|p| match p.to_sql() {
+            SqlValue::Null => "NULL".to_owned(),
+            SqlValue::Int(v) => v.to_string(),
+            SqlValue::Text(t) => format!("'{}'", t.replace('\'', "''")),
+            SqlValue::Blob(_) => unreachable!("no read pages by bytes"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let explain = Sql::native(Box::leak(
+        format!("EXPLAIN EXECUTE {name}({args})").into_boxed_str(),
+    ));
+    let lines = store
+        .read("explaining", |tx| {
+            tx.execute_script(&format!("PREPARE {name} AS {text}"))
+                .map_err(|e| tx.fail(&e))?;
+            tx.plan_generic()?;
+            let lines = tx.rows(&explain, params![], |r| r.get::<String>(0))?;
+            tx.execute_script(&format!("DEALLOCATE {name}"))
+                .map_err(|e| tx.fail(&e))?;
+            Ok(lines)
+        })
+        .expect("explain");
+    let plan = lines.join("\n");
+    // A plan made for the values shows them where a generic one shows `$1`.
+    assert!(
+        params.is_empty() || plan.contains("$1"),
+        "not planned without the values:\n{plan}"
+    );
+    Some(plan)
 }
 
 fn run_events_are_read_by_index(store: &mut dyn Store) {

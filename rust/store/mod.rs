@@ -426,6 +426,16 @@ pub trait Tx {
     fn lock_run_at_write(&self, run_id: &str) -> Result<bool> {
         self.lock_run(run_id).map(|()| false)
     }
+    /// Plan the statements this transaction sends from here on without their parameters'
+    /// values: once for the session (until a table they read is analyzed), not again for the
+    /// values of each call. For a read whose plan must not depend on its values anyway (a
+    /// range of one index in that index's order, a page of it): PostgreSQL plans a prepared
+    /// statement for its values while that is estimated cheaper, and with a `LIMIT` it cannot
+    /// see (it takes a tenth of the rows) on a large table it always is, so such a read was
+    /// planned on every call. SQLite plans a prepared statement once: a no-op.
+    fn plan_generic(&self) -> Result<()> {
+        Ok(())
+    }
     /// Record the run's row lock as held: a statement of this transaction already took it (a
     /// `FOR UPDATE` read), so [`Tx::lock_run`] need not send another. Whatever else the first
     /// lock of a transaction brings with it is still done. A no-op on SQLite.

@@ -84,6 +84,10 @@ pub const LOCK_RUN_AS_READ: Sql = Sql::native(LOCK_RUN_AS_READ_SQL);
 // `json_to_recordset` parses the text as it walks it: ~5 us less per unit on a batch reserve
 // plus finish.
 
+/// The rest of the transaction plans its statements without their parameters' values
+/// (`crate::store::Tx::plan_generic`).
+pub const PLAN_GENERIC_SQL: &str = "SET LOCAL plan_cache_mode = force_generic_plan";
+
 /// Which of a judgment's finishes name a still-running attempt, with the attempt's step and
 /// phase for the event (`store::rows::Part::Running`; read with or without the runs' locks, see
 /// `Tx::lock_run_at_write`).

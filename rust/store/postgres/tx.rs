@@ -394,6 +394,16 @@ impl crate::store::Tx for Tx<'_> {
         ledger_error(self.op.get(), &self.target.label, err)
     }
 
+    /// Queued, not sent: the setting goes out with the next statement, in its round trip (in
+    /// the `BEGIN`'s message if it leads the transaction). It is the transaction's own (`SET
+    /// LOCAL`), so the session's other statements keep theirs.
+    fn plan_generic(&self) -> Result<()> {
+        if self.pipe.push_simple(sql::PLAN_GENERIC_SQL) {
+            self.send(None, false).map_err(|e| self.fail(&e))?;
+        }
+        Ok(())
+    }
+
     /// Queued, not sent: the lock goes out with the operation's first read, in the same round
     /// trip and ahead of it (so that read sees the previous writer's commit).
     fn lock_run(&self, run_id: &str) -> Result<()> {

@@ -76,6 +76,10 @@ pub const LIST_EVENTS_SQL: Sql = Sql::split(
 /// find a few. The index leaves out the two unit types, so the reserve and finish paths write
 /// no entry; the repeated `NOT IN` names the index's own condition, which is how SQLite knows
 /// the index holds every row the query can return. ?3: the page size; ?4: the event horizon.
+/// PostgreSQL reads a page of each type by its own range of the index (at most ?3 rows each)
+/// and keeps the first ?3 of them in seq order: handed the types as one array it cannot
+/// estimate, it walked the log by `seq` and filtered whenever the page was small (2.5 ms to
+/// find five `run.started` among 8 000 unit events, against 0.06 ms by the index).
 pub const LIST_RARE_EVENTS_SQL: Sql = Sql::split(
     "SELECT seq, resource_id, revision, type, actor_type, actor_id,
     generation, payload, ts FROM events
@@ -84,13 +88,16 @@ pub const LIST_RARE_EVENTS_SQL: Sql = Sql::split(
       AND seq > ?1
       AND (?4 IS NULL OR seq < ?4)
     ORDER BY seq LIMIT ?3",
-    "SELECT seq, resource_id, revision, type, actor_type, actor_id,
-    generation, payload, ts FROM events
-    WHERE type = ANY (ARRAY(SELECT json_array_elements_text(CAST(?2 AS TEXT)::json)))
-      AND type NOT IN ('unit.started', 'unit.finished')
-      AND seq > ?1
-      AND (CAST(?4 AS BIGINT) IS NULL OR seq < ?4)
-    ORDER BY seq LIMIT ?3",
+    "SELECT e.seq, e.resource_id, e.revision, e.type, e.actor_type, e.actor_id,
+        e.generation, e.payload, e.ts
+    FROM (SELECT DISTINCT t FROM json_array_elements_text(CAST(?2 AS TEXT)::json) AS t) AS k,
+    LATERAL (SELECT seq, resource_id, revision, type, actor_type, actor_id,
+            generation, payload, ts FROM events
+        WHERE type = k.t AND type NOT IN ('unit.started', 'unit.finished')
+          AND seq > ?1
+          AND (CAST(?4 AS BIGINT) IS NULL OR seq < ?4)
+        ORDER BY seq LIMIT ?3) AS e
+    ORDER BY e.seq LIMIT ?3",
 );
 
 /// The event types every attempt writes: `LIST_RARE_EVENTS_SQL` serves every other filter.

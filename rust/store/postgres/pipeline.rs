@@ -238,8 +238,7 @@ impl<'a> Pipeline<'a> {
 
     /// Queue `command` (a simple command), in the `BEGIN`'s own message while that has not
     /// gone out: the server answers a message's commands together, where a message of its own
-    /// is one more answer to flush and wake the client for (a read at 10 000 units took 0.08
-    /// ms longer with its setting sent apart). Whether the queue is full.
+    /// is one more answer to flush and for the client to read. Whether the queue is full.
     pub(super) fn push_simple(&self, command: &'static str) -> bool {
         let mut queued = self.queued.borrow_mut();
         if !self.sent.get() {

@@ -170,7 +170,11 @@ pub fn read(
         None => store.event_horizon()?,
         Some(_) => None,
     };
+    // Each statement is a range of one index in its own order whatever the values, so it is
+    // planned once (left to choose, PostgreSQL plans a run's page for its values on every call
+    // once the log is large: 0.085 ms at 200 000 attempts).
     store.read("reading events", |tx| {
+        tx.plan_generic()?;
         list(tx, resource, after_seq, limit, types, horizon)
     })
 }

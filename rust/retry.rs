@@ -132,7 +132,7 @@ impl RetryPolicy {
     /// refuses any text that does not come back from this function and `to_text` unchanged.
     /// So it is read in that one form, field by field in canonical (sorted) order, without
     /// building a JSON tree: every failing finish under a policy reads it, and the tree (a map,
-    /// its keys and values) cost that finish about as much as the policy's own index entries.
+    /// its keys and values) costs that finish about half as much as the policy's index entries.
     #[must_use]
     pub fn from_text(text: &str) -> Option<Self> {
         let mut fields = text.strip_prefix('{')?.strip_suffix('}')?.split(',');

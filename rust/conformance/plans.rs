@@ -165,32 +165,33 @@ fn run_events_are_read_by_index(store: &mut dyn Store) {
     let types = Some(events::json_array(&["test.a".to_owned()]));
     let none: Option<String> = None;
     let cursor = 7_i64;
+    // Planned for the values and, on PostgreSQL, without them, as the reads run there.
+    let both = |store: &mut dyn Store, statement: &Sql, args: &[&dyn ToSql]| {
+        let custom = plan(store, statement, args);
+        std::iter::once(custom).chain(generic_plan(store, statement, args))
+    };
     for filter in [&none, &types] {
-        let per_run = plan(
-            store,
-            &sql::LIST_RUN_EVENTS_SQL,
-            params![cursor, "p3", filter, 100_i64],
-        );
-        let indexed = per_run
-            .contains("USING INDEX sqlite_autoindex_events_1 (resource_id=? AND revision>?)")
-            || per_run.contains("events_resource_id_revision_key");
-        assert!(indexed, "a run's events by its index:\n{per_run}");
-        assert!(
-            !per_run.contains("SCAN events") && !per_run.contains("Seq Scan on events"),
-            "no scan of the log for one run's events:\n{per_run}"
-        );
-        let all = plan(
-            store,
-            &sql::LIST_EVENTS_SQL,
-            params![cursor, filter, 100_i64, none],
-        );
-        let ranged =
-            all.contains("USING INTEGER PRIMARY KEY (rowid>?)") || all.contains("events_pkey");
-        assert!(ranged, "the log's events by their seq range:\n{all}");
-        assert!(
-            !all.contains("SCAN events") && !all.contains("Seq Scan on events"),
-            "no scan of the log:\n{all}"
-        );
+        let args = params![cursor, "p3", filter, 100_i64];
+        for per_run in both(store, &sql::LIST_RUN_EVENTS_SQL, args) {
+            let indexed = per_run
+                .contains("USING INDEX sqlite_autoindex_events_1 (resource_id=? AND revision>?)")
+                || per_run.contains("events_resource_id_revision_key");
+            assert!(indexed, "a run's events by its index:\n{per_run}");
+            assert!(
+                !per_run.contains("SCAN events") && !per_run.contains("Seq Scan on events"),
+                "no scan of the log for one run's events:\n{per_run}"
+            );
+        }
+        let args = params![cursor, filter, 100_i64, none];
+        for all in both(store, &sql::LIST_EVENTS_SQL, args) {
+            let ranged =
+                all.contains("USING INTEGER PRIMARY KEY (rowid>?)") || all.contains("events_pkey");
+            assert!(ranged, "the log's events by their seq range:\n{all}");
+            assert!(
+                !all.contains("SCAN events") && !all.contains("Seq Scan on events"),
+                "no scan of the log:\n{all}"
+            );
+        }
     }
 }
 

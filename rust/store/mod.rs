@@ -431,8 +431,8 @@ pub trait Tx {
     /// values of each call. For a read whose plan must not depend on its values anyway (a
     /// range of one index in that index's order, a page of it): PostgreSQL plans a prepared
     /// statement for its values while that is estimated cheaper, and with a `LIMIT` it cannot
-    /// see (it takes a tenth of the rows) on a large table it always is, so such a read was
-    /// planned on every call. SQLite plans a prepared statement once: a no-op.
+    /// see (it takes a tenth of the rows) on a large table it always is, so such a read would
+    /// be planned on every call. SQLite plans a prepared statement once: a no-op.
     fn plan_generic(&self) -> Result<()> {
         Ok(())
     }

@@ -78,8 +78,8 @@ pub const LIST_EVENTS_SQL: Sql = Sql::split(
 /// the index holds every row the query can return. ?3: the page size; ?4: the event horizon.
 /// PostgreSQL reads a page of each type by its own range of the index (at most ?3 rows each)
 /// and keeps the first ?3 of them in seq order: handed the types as one array it cannot
-/// estimate, it walked the log by `seq` and filtered whenever the page was small (2.5 ms to
-/// find five `run.started` among 8 000 unit events, against 0.06 ms by the index).
+/// estimate, it walks the log by `seq` and filters whenever the page is small (2.5 ms to find
+/// five `run.started` among 8 000 unit events, against 0.06 ms by the index).
 pub const LIST_RARE_EVENTS_SQL: Sql = Sql::split(
     "SELECT seq, resource_id, revision, type, actor_type, actor_id,
     generation, payload, ts FROM events

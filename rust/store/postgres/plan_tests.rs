@@ -8,6 +8,7 @@
 use super::sql;
 use crate::attempts::{self, FinishSpec, UnitSpec};
 use crate::conformance::{started, T0};
+use crate::events;
 use crate::leases::{self, ClaimSpec, Fence};
 use crate::model::Reservation;
 use crate::params;
@@ -326,24 +327,29 @@ fn a_session_plans_again_as_a_fresh_schema_grows() {
     );
 }
 
-/// `due_units` and `exhausted_units` are planned once for the session, not for each call's
+/// The retry reads and the event pages are planned once for the session, not for each call's
 /// values: PostgreSQL plans a prepared statement for its values at first, and keeps doing so
 /// while that is estimated cheaper, which with a `LIMIT` it cannot see it always is on a large
-/// table (at a million units, 0.055 ms of planning on every read of 0.06 ms).
+/// table (at a million units, 0.055 ms of planning on every due read of 0.06 ms).
 #[test]
-fn the_retry_reads_are_planned_once() {
+fn the_retry_reads_and_event_pages_are_planned_once() {
     let (mut store, _schema) = postgres_fresh();
     let store = store.as_mut();
     started(store, "r0");
+    let rare = ["run.started".to_owned()];
     for _ in 0..8 {
         attempts::due_units(store, None, 10, None, T0).expect("due");
         attempts::due_units(store, Some("r0"), 10, None, T0).expect("due of a run");
         attempts::exhausted_units(store, None, 10, None).expect("exhausted");
         attempts::exhausted_units(store, Some("r0"), 10, None).expect("exhausted of a run");
+        events::read(store, Some("r0"), 0, 10, None).expect("a run's events");
+        events::read(store, None, 0, 10, None).expect("the log");
+        events::read(store, None, 0, 10, Some(&rare)).expect("a rare type");
     }
     let plans = Sql::native(
         "SELECT statement, custom_plans, generic_plans FROM pg_prepared_statements
-        WHERE (statement LIKE '%retry_at <=%' OR statement LIKE '%status = ''exhausted''%')
+        WHERE (statement LIKE '%retry_at <=%' OR statement LIKE '%status = ''exhausted''%'
+               OR statement LIKE '%FROM events%ORDER BY%')
           AND statement NOT LIKE '%pg_prepared_statements%'",
     );
     let counts: Vec<(String, i64, i64)> = store
@@ -351,7 +357,7 @@ fn the_retry_reads_are_planned_once() {
             tx.rows(&plans, params![], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         })
         .expect("plans");
-    assert_eq!(counts.len(), 4, "the four reads' statements: {counts:?}");
+    assert_eq!(counts.len(), 7, "the seven reads' statements: {counts:?}");
     for (statement, custom, generic) in counts {
         assert_eq!(
             (custom, generic),

@@ -8,7 +8,7 @@ use crate::canonical::Value;
 use crate::events::{self, Actor};
 use crate::params;
 use crate::retention;
-use crate::store::{sql, Sql, SqlValue, Store, ToSql};
+use crate::store::{sql, Sql, Store, ToSql};
 
 conformance!(
     run_events_are_read_by_index,
@@ -105,13 +105,25 @@ fn plan_after(
         .join("\n")
 }
 
+/// The plans a read runs by: the one for `params`' values and, on PostgreSQL, the one made
+/// without them (`Tx::plan_generic`), each to be checked alike.
+pub(crate) fn plans(store: &mut dyn Store, statement: &Sql, params: &[&dyn ToSql]) -> Vec<String> {
+    let custom = plan(store, statement, params);
+    std::iter::once(custom)
+        .chain(generic_plan(store, statement, params))
+        .collect()
+}
+
+/// Without the `postgres` feature no store is PostgreSQL: there is no generic plan to explain.
+#[cfg(not(feature = "postgres"))]
+fn generic_plan(_: &mut dyn Store, _: &Sql, _: &[&dyn ToSql]) -> Option<String> {
+    None
+}
+
 /// On PostgreSQL, the plan `statement` is given when planned without its parameters' values
 /// (`Tx::plan_generic`), explained for `params`; `None` on SQLite, which never plans for values.
-pub(crate) fn generic_plan(
-    store: &mut dyn Store,
-    statement: &Sql,
-    params: &[&dyn ToSql],
-) -> Option<String> {
+#[cfg(feature = "postgres")]
+fn generic_plan(store: &mut dyn Store, statement: &Sql, params: &[&dyn ToSql]) -> Option<String> {
     static NAMES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     if store.pragmas().expect("pragmas").journal_mode != "postgresql" {
         return None;
@@ -122,18 +134,15 @@ pub(crate) fn generic_plan(
         "fp_generic_{}",
         NAMES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
-    let mut text = statement.postgres.to_owned();
-    for i in (1..=params.len()).rev() {
-        text = text.replace(&format!("?{i}"), &format!("${i}"));
-    }
+    let text = crate::store::postgres::placeholders(statement.postgres);
     // The values as literals: an EXPLAIN EXECUTE takes no parameters of its own.
     let args = params
         .iter()
         .map(|p| match p.to_sql() {
-            SqlValue::Null => "NULL".to_owned(),
-            SqlValue::Int(v) => v.to_string(),
-            SqlValue::Text(t) => format!("'{}'", t.replace('\'', "''")),
-            SqlValue::Blob(_) => unreachable!("no read pages by bytes"),
+            crate::store::SqlValue::Null => "NULL".to_owned(),
+            crate::store::SqlValue::Int(v) => v.to_string(),
+            crate::store::SqlValue::Text(t) => format!("'{}'", t.replace('\'', "''")),
+            crate::store::SqlValue::Blob(_) => unreachable!("no read pages by bytes"),
         })
         .collect::<Vec<_>>()
         .join(", ");
@@ -165,14 +174,9 @@ fn run_events_are_read_by_index(store: &mut dyn Store) {
     let types = Some(events::json_array(&["test.a".to_owned()]));
     let none: Option<String> = None;
     let cursor = 7_i64;
-    // Planned for the values and, on PostgreSQL, without them, as the reads run there.
-    let both = |store: &mut dyn Store, statement: &Sql, args: &[&dyn ToSql]| {
-        let custom = plan(store, statement, args);
-        std::iter::once(custom).chain(generic_plan(store, statement, args))
-    };
     for filter in [&none, &types] {
         let args = params![cursor, "p3", filter, 100_i64];
-        for per_run in both(store, &sql::LIST_RUN_EVENTS_SQL, args) {
+        for per_run in plans(store, &sql::LIST_RUN_EVENTS_SQL, args) {
             let indexed = per_run
                 .contains("USING INDEX sqlite_autoindex_events_1 (resource_id=? AND revision>?)")
                 || per_run.contains("events_resource_id_revision_key");
@@ -183,7 +187,7 @@ fn run_events_are_read_by_index(store: &mut dyn Store) {
             );
         }
         let args = params![cursor, filter, 100_i64, none];
-        for all in both(store, &sql::LIST_EVENTS_SQL, args) {
+        for all in plans(store, &sql::LIST_EVENTS_SQL, args) {
             let ranged =
                 all.contains("USING INTEGER PRIMARY KEY (rowid>?)") || all.contains("events_pkey");
             assert!(ranged, "the log's events by their seq range:\n{all}");
@@ -307,9 +311,7 @@ fn rare_event_types_are_read_by_index(store: &mut dyn Store) {
     // and, on PostgreSQL, without them.
     for limit in [100_i64, 5] {
         let args = params![0_i64, types, limit, none];
-        let custom = plan(store, &sql::LIST_RARE_EVENTS_SQL, args);
-        let generic = generic_plan(store, &sql::LIST_RARE_EVENTS_SQL, args);
-        for rare in std::iter::once(custom).chain(generic) {
+        for rare in plans(store, &sql::LIST_RARE_EVENTS_SQL, args) {
             assert!(
                 rare.contains("events_rare_type"),
                 "a rare type by its partial index:\n{rare}"

@@ -811,10 +811,8 @@ fn unit_retries_are_read_by_index(store: &mut dyn Store) {
             "units_exhausted",
         ),
     ] {
-        let custom = plan(store, statement, args);
-        // As the reads run on PostgreSQL: planned once, without the values.
-        let generic = super::plans::generic_plan(store, statement, args);
-        for p in std::iter::once(custom).chain(generic) {
+        // As the reads run on PostgreSQL too: planned once, without the values.
+        for p in super::plans::plans(store, statement, args) {
             assert!(p.contains(index), "{what}: by {index}:\n{p}");
             let sorted_ok = what == "a run's due units" && p.contains("Bitmap Index Scan");
             let walks = p.lines().any(|l| {

@@ -35,6 +35,10 @@ mod target;
 mod tls;
 mod tx;
 
+/// The conformance tests prepare a statement by hand, as a session sends it.
+#[cfg(test)]
+pub(crate) use tx::placeholders;
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;

@@ -271,7 +271,7 @@ fn is_raised(e: &PgError) -> bool {
 
 /// Rewrite `?N` placeholders to PostgreSQL's `$N`. The ledger's SQL has no `?` anywhere else
 /// (no string literal holds one).
-fn placeholders(text: &str) -> String {
+pub(crate) fn placeholders(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();
     while let Some(c) = chars.next() {
